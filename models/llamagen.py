@@ -1,0 +1,357 @@
+"""The LlamaGen GPT (Sun et al. 2024, "Autoregressive Model Beats Diffusion"), readable top to bottom.
+
+A Llama-style decoder over VQ image tokens: pre-norm RMSNorm, fused-QKV attention with 2D rotary
+embeddings, SwiGLU feed-forward, no biases. The sequence is a conditioning prefix followed by the
+image tokens in raster order:
+
+- class-conditional (``model_type="c2i"``): one class embedding; index ``num_classes`` is the null
+  class used for classifier-free guidance;
+- text-conditional (``model_type="t2i"``): ``cls_token_num`` caption features projected by a
+  two-layer MLP; a learned null caption (``uncond_embedding``) is the unconditional input.
+
+Parameter and buffer names follow the official checkpoints, so their state dicts load strictly.
+A known quirk is reproduced on purpose: the rotary table is all zeros on the conditioning prefix,
+which zeroes queries and keys there.
+
+Besides the training forward, the model implements the decode engine's token-model protocol
+(:class:`visualspec.engine.TokenModel`): ``prefill``, ``forward_window`` and ``crop`` over a
+static KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+
+from .checkpoints import load_state_dict_strict, read_llamagen_checkpoint
+
+# name -> (n_layer, n_head, dim); all official sizes (head_dim = dim / n_head, 100 for 3B)
+GPT_CONFIGS = {
+    "GPT-B": dict(n_layer=12, n_head=12, dim=768),
+    "GPT-L": dict(n_layer=24, n_head=16, dim=1024),
+    "GPT-XL": dict(n_layer=36, n_head=20, dim=1280),
+    "GPT-XXL": dict(n_layer=48, n_head=24, dim=1536),
+    "GPT-XXXL": dict(n_layer=48, n_head=40, dim=2560),
+    "GPT-1B": dict(n_layer=22, n_head=32, dim=2048),
+    "GPT-3B": dict(n_layer=24, n_head=32, dim=3200),
+    "GPT-7B": dict(n_layer=32, n_head=32, dim=4096),
+}
+
+
+def find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - (n % k)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class LabelEmbedder(nn.Module):
+    """Class label -> one prefix token. Row ``num_classes`` is the null class."""
+
+    def __init__(self, num_classes: int, dim: int, dropout_prob: float):
+        super().__init__()
+        self.num_classes = num_classes
+        self.dropout_prob = dropout_prob
+        self.embedding_table = nn.Embedding(num_classes + int(dropout_prob > 0), dim)
+
+    def forward(self, labels, drop: torch.Tensor | None = None):
+        if drop is not None:
+            labels = torch.where(drop, torch.full_like(labels, self.num_classes), labels)
+        return self.embedding_table(labels).unsqueeze(1)  # (B, 1, dim)
+
+
+class CaptionMLP(nn.Module):
+    def __init__(self, in_features: int, hidden: int, out_features: int):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, out_features, bias=False)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class CaptionEmbedder(nn.Module):
+    """Caption features (B, T, caption_dim) -> T prefix tokens; ``uncond_embedding`` is the null caption."""
+
+    def __init__(self, caption_dim: int, dim: int, token_num: int):
+        super().__init__()
+        self.cap_proj = CaptionMLP(caption_dim, dim, dim)
+        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim**0.5)
+
+    def forward(self, captions, drop: torch.Tensor | None = None):
+        if drop is not None:
+            captions = torch.where(drop[:, None, None], self.uncond_embedding.to(captions.dtype), captions)
+        return self.cap_proj(captions)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_head: int, n_kv_head: int):
+        super().__init__()
+        self.n_head, self.n_kv_head = n_head, n_kv_head
+        self.head_dim = dim // n_head
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_head * self.head_dim, dim, bias=False)
+
+    def forward(self, x, rope, mask, cache=None, input_pos=None):
+        """x (B, L, dim); rope (L, head_dim/2, 2); mask (B, 1, L, S) bool or None for causal.
+
+        With ``cache = (k_cache, v_cache)`` of shape (B, H_kv, S_max, head_dim), the keys and values
+        of x are written at ``input_pos`` and attention runs over cache positions < S = mask's S.
+        """
+        B, L, _ = x.shape
+        hd = self.head_dim
+        q, k, v = self.wqkv(x).split([self.n_head * hd, self.n_kv_head * hd, self.n_kv_head * hd], dim=-1)
+        q = apply_rope(q.view(B, L, self.n_head, hd), rope).transpose(1, 2)
+        k = apply_rope(k.view(B, L, self.n_kv_head, hd), rope).transpose(1, 2)
+        v = v.view(B, L, self.n_kv_head, hd).transpose(1, 2)
+        if cache is not None:
+            k_cache, v_cache = cache
+            k_cache[:, :, input_pos] = k
+            v_cache[:, :, input_pos] = v
+            k, v = k_cache[:, :, : mask.shape[-1]], v_cache[:, :, : mask.shape[-1]]
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.wo(out.transpose(1, 2).reshape(B, L, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, n_head, n_kv_head, ffn_hidden, norm_eps):
+        super().__init__()
+        self.attention = Attention(dim, n_head, n_kv_head)
+        self.feed_forward = FeedForward(dim, ffn_hidden)
+        self.attention_norm = RMSNorm(dim, norm_eps)
+        self.ffn_norm = RMSNorm(dim, norm_eps)
+
+    def forward(self, x, rope, mask, cache=None, input_pos=None):
+        x = x + self.attention(self.attention_norm(x), rope, mask, cache, input_pos)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int) -> torch.Tensor:
+    """Rotary table (cls_token_num + grid_size**2, head_dim/2, 2) of (cos, sin).
+
+    The head dimension is split in half: the first half of the rotated pairs turns with the image
+    row, the second with the column, each with frequencies ``1 / base**(2i / (head_dim/2))``.
+    The conditioning prefix gets an all-zero table (LlamaGen's quirk).
+    """
+    half = head_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    angles = torch.outer(torch.arange(grid_size).float(), freqs)  # (grid, half/2)
+    rows = angles[:, None, :].expand(grid_size, grid_size, -1)
+    cols = angles[None, :, :].expand(grid_size, grid_size, -1)
+    grid = torch.cat([rows, cols], dim=-1).reshape(grid_size * grid_size, -1)  # (grid^2, half)
+    table = torch.stack([grid.cos(), grid.sin()], dim=-1)
+    return torch.cat([torch.zeros(cls_token_num, table.shape[1], 2), table])
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs (x[2i], x[2i+1]) of x (B, L, H, head_dim) by rope (L, head_dim/2, 2)."""
+    xp = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(*x.shape[:-1], -1, 2)
+    rope = rope.to(xp.dtype)
+    cos, sin = rope[None, :, None, :, 0], rope[None, :, None, :, 1]
+    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+class LlamaGenGPT(ModelMixin, ConfigMixin):
+    """LlamaGen's GPT. ``block_size`` is the number of image tokens (a square grid)."""
+
+    @register_to_config
+    def __init__(
+        self,
+        vocab_size: int = 16384,
+        dim: int = 768,
+        n_layer: int = 12,
+        n_head: int = 12,
+        n_kv_head: int | None = None,
+        multiple_of: int = 256,
+        ffn_dim_multiplier: float | None = None,
+        rope_base: float = 10000.0,
+        norm_eps: float = 1e-5,
+        model_type: str = "c2i",
+        num_classes: int = 1000,
+        caption_dim: int = 2048,
+        class_dropout_prob: float = 0.1,
+        cls_token_num: int = 1,
+        block_size: int = 256,
+    ):
+        super().__init__()
+        if model_type not in ("c2i", "t2i"):
+            raise ValueError(f"model_type must be 'c2i' or 't2i', got {model_type!r}")
+        if math.isqrt(block_size) ** 2 != block_size:
+            raise ValueError(f"block_size must be a square number of image tokens, got {block_size}")
+        if dim % n_head:
+            raise ValueError(f"dim {dim} is not divisible by n_head {n_head}")
+        n_kv_head = n_kv_head or n_head
+        hidden = int(2 * 4 * dim / 3)
+        if ffn_dim_multiplier is not None:
+            hidden = int(ffn_dim_multiplier * hidden)
+        hidden = find_multiple(hidden, multiple_of)
+
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        if model_type == "c2i":
+            self.cls_embedding = LabelEmbedder(num_classes, dim, class_dropout_prob)
+        else:
+            self.cls_embedding = CaptionEmbedder(caption_dim, dim, cls_token_num)
+        self.layers = nn.ModuleList(
+            TransformerBlock(dim, n_head, n_kv_head, hidden, norm_eps) for _ in range(n_layer)
+        )
+        self.norm = RMSNorm(dim, norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        self.rope = rope_2d(math.isqrt(block_size), dim // n_head, rope_base, cls_token_num)
+        self._cache = None  # (k, v) tensors of shape (n_layer, B, H_kv, S_max, head_dim)
+        self._key_valid = None  # (B, S_max) bool: False at padded caption positions
+        self.initialize_weights()
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "LlamaGenGPT":
+        """Build an official size by name (``"GPT-XL"``), e.g. ``from_name("GPT-B", block_size=576)``."""
+        if name not in GPT_CONFIGS:
+            raise ValueError(f"unknown LlamaGen size {name!r}; choose one of {sorted(GPT_CONFIGS)}")
+        return cls(**{**GPT_CONFIGS[name], **overrides})
+
+    @classmethod
+    def from_llamagen_checkpoint(cls, path: str, name: str, block_size: int = 256, key: str | None = None,
+                                 **overrides) -> "LlamaGenGPT":
+        """Load an official LlamaGen GPT checkpoint (``c2i_L_384.pt``, ``t2i_XL_stage1_256.pt``,
+        FSDP ``consolidated.pth`` ...) strictly. ``name`` is its size (``"GPT-XL"``) and
+        ``block_size`` its number of image tokens ((image_size / 16) ** 2 for VQ-16). Whether it is
+        class- or text-conditional, its vocabulary and prefix length are read from the weights."""
+        state = read_llamagen_checkpoint(path, key)
+        if "tok_embeddings.weight" not in state:
+            raise ValueError(f"{path} does not look like a LlamaGen GPT checkpoint: no tok_embeddings.weight")
+        config = dict(vocab_size=state["tok_embeddings.weight"].shape[0])
+        if "cls_embedding.uncond_embedding" in state:
+            tokens, caption_dim = state["cls_embedding.uncond_embedding"].shape
+            config.update(model_type="t2i", cls_token_num=tokens, caption_dim=caption_dim)
+        else:
+            config.update(model_type="c2i", num_classes=state["cls_embedding.embedding_table.weight"].shape[0] - 1)
+        model = cls.from_name(name, block_size=block_size, **{**config, **overrides})
+        load_state_dict_strict(model, state, f"{path} (loaded as {name})")
+        return model.eval()
+
+    def initialize_weights(self):
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+        nn.init.zeros_(self.output.weight)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def grid_size(self) -> int:
+        return math.isqrt(self.config.block_size)
+
+    # ------------------------------------------------------------------ conditioning prefix
+
+    def embed_condition(self, cond, drop: torch.Tensor | None = None):
+        """Class labels (B,) or caption features (B, cls_token_num, caption_dim) -> (B, T, dim)."""
+        if self.config.model_type == "c2i":
+            if cond.dtype not in (torch.int32, torch.int64) or cond.dim() != 1:
+                raise ValueError("a class-conditional LlamaGen takes class labels of shape (B,)")
+            return self.cls_embedding(cond, drop)
+        expected = (self.config.cls_token_num, self.config.caption_dim)
+        if cond.dim() != 3 or tuple(cond.shape[1:]) != expected:
+            raise ValueError(f"a text-conditional LlamaGen takes caption features (B, {expected[0]}, {expected[1]}), "
+                             f"got {tuple(cond.shape)}")
+        return self.cls_embedding(cond.to(self.dtype), drop)
+
+    def null_condition(self, batch_size: int):
+        """The unconditional input for guidance: the null class or the learned null caption."""
+        if self.config.model_type == "c2i":
+            return torch.full((batch_size,), self.config.num_classes, dtype=torch.long, device=self.device)
+        return self.cls_embedding.uncond_embedding[None].expand(batch_size, -1, -1)
+
+    # ------------------------------------------------------------------ training forward
+
+    def forward(self, cond, tokens, cond_mask=None, drop_condition=None):
+        """Teacher-forced logits (B, N, V) for image tokens (B, N): row i predicts token i.
+
+        ``cond_mask`` (B, cls_token_num) marks valid caption positions (t2i); ``drop_condition``
+        (B,) bool replaces the condition by the null one (classifier-free guidance training).
+        """
+        prefix = self.embed_condition(cond, drop_condition)
+        x = torch.cat([prefix, self.tok_embeddings(tokens[:, :-1])], dim=1)
+        T = x.shape[1]
+        mask = None
+        if cond_mask is not None:
+            key_valid = torch.cat([cond_mask.bool(), cond_mask.new_ones(x.shape[0], T - cond_mask.shape[1]).bool()], 1)
+            mask = self._attention_mask(torch.arange(T, device=x.device), key_valid)
+        rope = self.rope[:T].to(x.device)
+        for layer in self.layers:
+            x = layer(x, rope, mask)
+        return self.output(self.norm(x))[:, self.config.cls_token_num - 1:].float()
+
+    @staticmethod
+    def _attention_mask(query_pos, key_valid):
+        """(B, 1, L, S) bool: causal, minus invalid keys; a query always sees itself."""
+        S = key_valid.shape[1]
+        key_pos = torch.arange(S, device=query_pos.device)
+        causal = key_pos[None, :] <= query_pos[:, None]  # (L, S)
+        mask = causal[None] & key_valid[:, None, :]
+        mask |= key_pos[None, None, :] == query_pos[None, :, None]
+        return mask[:, None]
+
+    # ------------------------------------------------------------------ token-model protocol
+
+    def prefill(self, prefix, max_new_tokens: int) -> torch.Tensor:
+        """Allocate a static cache and run the condition. ``prefix`` is class labels (B,) or
+        ``(caption_features, caption_mask)``. Returns logits (B, V) for image token 0."""
+        cond, cond_mask = prefix if isinstance(prefix, (tuple, list)) else (prefix, None)
+        if max_new_tokens > self.config.block_size:
+            raise ValueError(f"this model generates at most {self.config.block_size} tokens, asked for {max_new_tokens}")
+        x = self.embed_condition(cond)
+        B, T = x.shape[:2]
+        S = T + max_new_tokens
+        shape = (len(self.layers), B, self.layers[0].attention.n_kv_head, S, self.config.dim // self.config.n_head)
+        self._cache = (torch.zeros(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device))
+        self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
+        if cond_mask is not None:
+            self._key_valid[:, :T] = cond_mask.bool()
+        return self._run(x, torch.arange(T, device=x.device))[:, -1]
+
+    def forward_window(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Image tokens (B, L) at image positions start..start+L-1 -> logits (B, L, V)."""
+        if self._cache is None:
+            raise RuntimeError("call prefill() before forward_window()")
+        pos = self.config.cls_token_num + start + torch.arange(tokens.shape[1], device=tokens.device)
+        return self._run(self.tok_embeddings(tokens), pos)
+
+    def crop(self, length: int) -> None:
+        """Static cache: positions >= length are simply overwritten later and masked until then."""
+
+    def _run(self, x, input_pos):
+        mask = self._attention_mask(input_pos, self._key_valid[:, : int(input_pos[-1]) + 1])
+        rope = self.rope.to(x.device)[input_pos]
+        k_all, v_all = self._cache
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, mask, (k_all[i], v_all[i]), input_pos)
+        return self.output(self.norm(x)).float()

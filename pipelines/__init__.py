@@ -1,0 +1,6 @@
+"""Pipelines: thin compositions of models (visualspec.models) with the decode core."""
+
+from .base import VisualSpecPipeline, register_pipeline
+from .llamagen import LlamaGenPipeline, VisualSpecImageOutput
+
+__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "VisualSpecImageOutput"]

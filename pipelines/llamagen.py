@@ -1,0 +1,246 @@
+"""The LlamaGen pipeline: class or text condition -> image tokens (AR, SJD, LANTERN or a draft model) -> VQ decode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers.utils import BaseOutput
+
+from visualspec.drafters import DraftModelDrafter, JacobiDrafter, INIT_SCHEMES
+from visualspec.engine import decode
+from visualspec.sampling import SamplingConfig, make_generator
+from visualspec.stats import DecodeStats
+from visualspec.verify import greedy_verify, lantern_verify, speculative_verify
+
+from ..models.llamagen import LlamaGenGPT
+from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
+from .base import VisualSpecPipeline, register_pipeline
+
+DECODING_MODES = ("ar", "sjd", "lantern", "speculative")
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+@dataclass
+class VisualSpecImageOutput(BaseOutput):
+    """``images``: a list of PIL images, an (N, H, W, 3) float array in [0, 1], an (N, 3, H, W)
+    tensor in [0, 1], or (N, h*w) token ids for ``output_type="latent"``; ``stats``: the decode
+    statistics of the call."""
+
+    images: Any
+    stats: DecodeStats
+
+
+def check_draft_compatible(target: LlamaGenGPT, draft: LlamaGenGPT) -> None:
+    """A draft model must share the target's vocabulary and take the same condition."""
+    fields = ["vocab_size", "model_type", "block_size"]
+    fields += ["cls_token_num", "caption_dim"] if target.config.model_type == "t2i" else ["num_classes"]
+    for name in fields:
+        if getattr(draft.config, name) != getattr(target.config, name):
+            raise ValueError(f"the draft model's {name} ({getattr(draft.config, name)}) differs from the "
+                             f"target's ({getattr(target.config, name)})")
+
+
+@register_pipeline
+class LlamaGenPipeline(VisualSpecPipeline):
+    """Class- or text-conditional image generation with a LlamaGen GPT and VQ tokenizer.
+
+    Components: ``transformer`` (:class:`LlamaGenGPT`), ``vq_model`` (:class:`LlamaGenVQModel`),
+    and for text-conditional models a ``text_encoder`` (any transformers encoder whose
+    ``last_hidden_state`` has ``caption_dim`` features) with its ``tokenizer``. An optional
+    ``draft_model`` (a smaller LlamaGen GPT of the same vocabulary) enables
+    ``decoding="speculative"``.
+    """
+
+    model_cpu_offload_seq = "text_encoder->transformer->vq_model"
+    _optional_components = ["text_encoder", "tokenizer", "draft_model"]
+
+    def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
+                 draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0):
+        super().__init__()
+        self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
+                              tokenizer=tokenizer, draft_model=draft_model)
+        self.register_to_config(default_guidance_scale=default_guidance_scale)
+        self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ conditions
+
+    @property
+    def is_text_conditional(self) -> bool:
+        return self.transformer.config.model_type == "t2i"
+
+    def _conditions(self, prompt, class_labels, num_images_per_prompt):
+        """The model's condition for every image (B rows): class labels or (captions, mask)."""
+        if prompt is not None and class_labels is not None:
+            raise ValueError("pass either prompt or class_labels, not both")
+        given = prompt if prompt is not None else class_labels
+        if given is None:
+            raise ValueError("nothing to generate: pass a prompt (text model) or class labels (class model)")
+        if isinstance(given, torch.Tensor):
+            given = given.tolist()
+        items = given if isinstance(given, (list, tuple)) else [given]
+        if len(items) == 0:
+            raise ValueError("the prompt list is empty")
+        is_text = all(isinstance(x, str) for x in items)
+        is_label = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items)
+        if self.is_text_conditional and not is_text:
+            raise ValueError("this LlamaGen model is text-conditional: pass a prompt string or a list of strings")
+        if not self.is_text_conditional:
+            if is_text:
+                raise ValueError("this LlamaGen model is class-conditional: pass class labels (ints), not a prompt")
+            if not is_label:
+                raise ValueError(f"class labels must be integers, got {items!r}")
+            n = self.transformer.config.num_classes
+            bad = [x for x in items if not 0 <= x < n]
+            if bad:
+                raise ValueError(f"class labels must be in [0, {n}), got {bad}")
+        items = [x for x in items for _ in range(num_images_per_prompt)]
+        if not self.is_text_conditional:
+            return torch.tensor(items, dtype=torch.long, device=self.device)
+        return self.encode_prompt(items)
+
+    def encode_prompt(self, prompts: list[str]):
+        """Prompts -> (caption features (B, T, C), mask (B, T)), left-padded like LlamaGen."""
+        if self.text_encoder is None or self.tokenizer is None:
+            raise ValueError("this text-conditional pipeline has no text_encoder/tokenizer to encode prompts")
+        T = self.transformer.config.cls_token_num
+        enc = self.tokenizer(prompts, padding="max_length", max_length=T, truncation=True, return_tensors="pt")
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is not None:
+            for prompt, ids in zip(prompts, enc.input_ids):
+                if (ids == unk).any():
+                    words = [w for w in prompt.split() if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
+                    raise ValueError(f"prompt {prompt!r} has words the text encoder does not know: {words}")
+        ids, mask = enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
+        feats = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        if feats.shape[-1] != self.transformer.config.caption_dim:
+            raise ValueError(f"text encoder gives {feats.shape[-1]} features, the transformer expects "
+                             f"{self.transformer.config.caption_dim}")
+        # left-pad: move each row's valid tokens to the end (the model saw captions this way)
+        order = torch.argsort(mask, dim=1, stable=True)
+        feats = feats.gather(1, order[..., None].expand_as(feats)) * mask.gather(1, order)[..., None]
+        return feats.to(self.transformer.dtype), mask.gather(1, order)
+
+    def _prefix(self, model: LlamaGenGPT, cond, sampling: SamplingConfig):
+        """The model input for B conditions, doubled as [cond; null] under guidance."""
+        feats, mask = cond if isinstance(cond, tuple) else (cond, None)
+        if sampling.uses_guidance:
+            B = feats.shape[0]
+            feats = torch.cat([feats, model.null_condition(B).to(feats.dtype)])
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask)])
+        return feats if mask is None else (feats, mask)
+
+    # ------------------------------------------------------------------ LANTERN neighbourhoods
+
+    def neighbour_table(self, k: int, l2_normalize: bool | None = None) -> torch.Tensor:
+        """The k nearest codebook entries of every code (V, k), computed once per k."""
+        if l2_normalize is None:
+            l2_normalize = bool(self.vq_model.config.codebook_l2_norm)
+        key = (k, l2_normalize)
+        if key not in self._neighbour_tables:
+            codebook = self.vq_model.quantize.embedding.weight.detach().float()
+            self._neighbour_tables[key] = nearest_codes(codebook, k, l2_normalize=l2_normalize).to(torch.int32)
+        return self._neighbour_tables[key].to(self.device)
+
+    # ------------------------------------------------------------------ generation
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt=None,
+        class_labels=None,
+        *,
+        decoding: str = "sjd",
+        num_images_per_prompt: int = 1,
+        guidance_scale: float | None = None,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        window: int = 16,
+        jacobi_init: str = "random",
+        lantern_k: int = 1000,
+        lantern_delta: float = 0.1,
+        lantern_lambda: float | None = None,
+        seed: int | None = None,
+        generator=None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+    ):
+        """Generate images.
+
+        - ``prompt``: a string or list of strings (text model), or class labels (class model);
+          ``class_labels=`` is the explicit spelling for class models.
+        - ``decoding``: ``"ar"`` (one token per forward), ``"sjd"`` (Speculative Jacobi Decoding,
+          lossless), ``"lantern"`` (Jacobi drafts with LANTERN relaxed acceptance, lossy, budget
+          ``lantern_delta`` over ``lantern_k`` codebook neighbours, or ``lantern_lambda``), or
+          ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless).
+        - ``temperature=0`` decodes greedily in every mode (drafts verified by argmax match).
+        - ``window``: tokens per target forward in the speculative modes.
+        - ``seed`` or ``generator`` (a ``torch.Generator`` or one per image) make results repeatable.
+        - ``output_type``: ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (token ids).
+        """
+        if decoding not in DECODING_MODES:
+            raise ValueError(f"unknown decoding mode {decoding!r}; choose one of {DECODING_MODES}")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
+        if jacobi_init not in INIT_SCHEMES:
+            raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
+        if decoding == "speculative" and self.draft_model is None:
+            raise ValueError("decoding='speculative' needs a draft_model; load one with "
+                             "from_pretrained(..., draft_model=model) or use 'sjd'")
+        if decoding == "lantern":
+            if lantern_lambda is None and not 0 <= lantern_delta <= 1:
+                raise ValueError(f"lantern_delta must be in [0, 1], got {lantern_delta!r}")
+            if lantern_lambda is not None and lantern_lambda < 1:
+                raise ValueError(f"lantern_lambda must be >= 1, got {lantern_lambda!r}")
+            if not isinstance(lantern_k, int) or lantern_k < 1:
+                raise ValueError(f"lantern_k must be an integer >= 1, got {lantern_k!r}")
+        if guidance_scale is None:
+            guidance_scale = self.config.default_guidance_scale
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+
+        cond = self._conditions(prompt, class_labels, num_images_per_prompt)
+        gen = make_generator(seed, generator)
+        model = self.transformer
+        num_tokens = model.config.block_size
+        vocab = model.config.vocab_size
+
+        drafter = None
+        rule = greedy_verify if sampling.greedy else speculative_verify
+        if decoding in ("sjd", "lantern"):
+            drafter = JacobiDrafter(vocab, jacobi_init, grid_width=model.grid_size)
+        if decoding == "speculative":
+            check_draft_compatible(model, self.draft_model)
+            drafter = DraftModelDrafter(self.draft_model, self._prefix(self.draft_model, cond, sampling))
+        if decoding == "lantern" and not sampling.greedy:
+            table = self.neighbour_table(min(lantern_k, vocab - 1))
+            delta = None if lantern_lambda is not None else lantern_delta
+            rule = partial(lantern_verify, neighbours=table, delta=delta, lam=lantern_lambda)
+
+        with self.progress_bar(total=num_tokens) as bar:
+            tokens, stats = decode(model, self._prefix(model, cond, sampling), num_tokens, sampling,
+                                   drafter=drafter, rule=rule, window=window, generator=gen, mode=decoding,
+                                   progress=bar.update)
+        images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
+        if not return_dict:
+            return images, stats
+        return VisualSpecImageOutput(images=images, stats=stats)
+
+    def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
+        """Token ids (B, h*w) -> images through the VQ decoder."""
+        g = self.transformer.grid_size
+        shape = (tokens.shape[0], self.vq_model.config.codebook_embed_dim, g, g)
+        images = self.vq_model.decode_code(tokens, shape=shape)
+        images = ((images.float() + 1) / 2).clamp(0, 1)
+        if output_type == "pt":
+            return images
+        array = images.permute(0, 2, 3, 1).cpu().numpy()
+        return self.numpy_to_pil(array) if output_type == "pil" else array

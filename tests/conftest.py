@@ -1,0 +1,38 @@
+"""Tiny random models shared by the tests (all built offline from configs)."""
+
+import pytest
+import torch
+
+from visualspec.models.llamagen import LlamaGenGPT
+
+
+def tiny_llamagen(seed=0, vocab_size=4, block_size=4, dim=32, n_layer=2, n_head=2, model_type="c2i",
+                  std=0.5, dtype=torch.float64, **kw):
+    """A random LlamaGen GPT whose output distributions are far from uniform."""
+    torch.manual_seed(seed)
+    model = LlamaGenGPT(vocab_size=vocab_size, dim=dim, n_layer=n_layer, n_head=n_head, multiple_of=16,
+                        num_classes=3, block_size=block_size, model_type=model_type, **kw)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=std)
+    return model.to(dtype).eval()
+
+
+def tiny_hf(family="llama", seed=0, vocab_size=64, dtype=torch.float64):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2, intermediate_size=64, vocab_size=vocab_size,
+                                             bos_token_id=0, eos_token_id=1, pad_token_id=0))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=vocab_size,
+                                           bos_token_id=0, eos_token_id=1, pad_token_id=0))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model.to(dtype).eval()
+
+
+@pytest.fixture
+def make_tiny_llamagen():
+    return tiny_llamagen

@@ -1,0 +1,89 @@
+"""Losslessness of whole sequences: exact enumeration vs sampling, with controls that must fail.
+
+A tiny random model (vocabulary 4, 4 tokens: 256 possible sequences) gives the target's exact
+sequence distribution. Each lossless mode samples 40,000 sequences in batches (so the batch-aligned
+engine path is what is tested) and must pass a chi-square test at false-alarm probability 1e-6;
+the same harness must reject a deliberately wrong acceptance rule.
+"""
+
+import pytest
+import torch
+
+from conftest import tiny_hf, tiny_llamagen
+from test_verify import accept_with_p_rule
+from visualspec.drafters import DraftModelDrafter, JacobiDrafter
+from visualspec.hf import HFCausalLM
+from visualspec.sampling import SamplingConfig
+from visualspec.testing import chi_square_fit, exact_sequence_distribution, sample_sequences
+from visualspec.verify import Verdict, speculative_verify
+
+N, V, SAMPLES = 4, 4, 40000
+PLAIN = SamplingConfig()
+GUIDED = SamplingConfig(guidance_scale=2.5, temperature=0.8, top_k=3, top_p=0.95)
+
+
+def labels_prefix(sampling, label=1):
+    def make(rows):
+        labels = [label] * rows + ([3] * rows if sampling.uses_guidance else [])  # 3 = null class
+        return torch.tensor(labels)
+    return make
+
+
+def batch_wrong_rule(draft_tokens, draft_probs, target_probs, generator):
+    """accept_with_p_rule applied to the first draft only (enough to bias the sequence law)."""
+    if draft_tokens.shape[1] == 0 or draft_probs is None:
+        return speculative_verify(draft_tokens, draft_probs, target_probs, generator)
+    v = accept_with_p_rule(draft_tokens[:, :1], draft_probs[:, :1], target_probs[:, :2], generator)
+    # after an accepted first draft, emit the target's token at position 1 (no further drafts)
+    bonus = torch.multinomial(target_probs[:, 1], 1, generator=generator)[:, 0]
+    return Verdict(v.num_accepted, torch.where(v.num_accepted == 1, bonus, v.next_tokens))
+
+
+def fit_for(model, make_prefix, sampling, rule=speculative_verify, drafter=None, window=4, seed=0):
+    """``drafter(rows)`` builds a fresh drafter for a batch of ``rows`` rows."""
+    seqs, probs = exact_sequence_distribution(model, make_prefix, N, sampling)
+    samples = sample_sequences(model, make_prefix, N, sampling, SAMPLES, seed=seed, rule=rule, window=window,
+                               drafter_factory=drafter or (lambda rows: None))
+    return chi_square_fit(samples, seqs, probs)
+
+
+@pytest.mark.parametrize("sampling", [PLAIN, GUIDED], ids=["plain", "guided-topk-topp"])
+@pytest.mark.parametrize("init", ["random", "repeat_left", "repeat_above"])
+def test_sjd_is_lossless(sampling, init):
+    model = tiny_llamagen(seed=0, vocab_size=V, block_size=N)
+    fit = fit_for(model, labels_prefix(sampling), sampling,
+                  drafter=lambda rows: JacobiDrafter(V, init, grid_width=2), window=4)
+    assert fit.passed, fit
+
+
+def test_ar_is_lossless():
+    model = tiny_llamagen(seed=1, vocab_size=V, block_size=N)
+    assert fit_for(model, labels_prefix(GUIDED), GUIDED).passed
+
+
+@pytest.mark.parametrize("sampling", [PLAIN, GUIDED], ids=["plain", "guided-topk-topp"])
+def test_draft_model_speculative_sampling_is_lossless(sampling):
+    target = tiny_llamagen(seed=0, vocab_size=V, block_size=N)
+    draft = tiny_llamagen(seed=7, vocab_size=V, block_size=N, dim=16, n_layer=1)
+    prefix = labels_prefix(sampling)
+    fit = fit_for(target, prefix, sampling, drafter=lambda rows: DraftModelDrafter(draft, prefix(rows)), window=3)
+    assert fit.passed, fit
+
+
+def test_sjd_on_a_transformers_llama_is_lossless():
+    model = HFCausalLM(tiny_hf("llama", vocab_size=V))
+    prompt = lambda rows: torch.tensor([[0, 2, 1]]).expand(rows, 3)  # noqa: E731
+    fit = fit_for(model, prompt, PLAIN, drafter=lambda rows: JacobiDrafter(V, "random"), window=3)
+    assert fit.passed, fit
+
+
+@pytest.mark.parametrize("mode", ["sjd", "draft-model"])
+def test_the_harness_catches_a_wrong_rule(mode):
+    target = tiny_llamagen(seed=0, vocab_size=V, block_size=N)
+    if mode == "sjd":
+        drafter = lambda rows: JacobiDrafter(V, "random")  # noqa: E731
+    else:
+        draft = tiny_llamagen(seed=7, vocab_size=V, block_size=N, dim=16, n_layer=1)
+        drafter = lambda rows: DraftModelDrafter(draft, labels_prefix(PLAIN)(rows))  # noqa: E731
+    fit = fit_for(target, labels_prefix(PLAIN), PLAIN, rule=batch_wrong_rule, drafter=drafter, window=3)
+    assert not fit.passed, fit

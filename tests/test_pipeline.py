@@ -1,0 +1,147 @@
+"""The public pipeline API: loading, decoding modes, outputs, seeds and clear errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from visualspec import VisualSpecPipeline
+from visualspec.models.llamagen import LlamaGenGPT
+from visualspec.models.llamagen_vq import LlamaGenVQModel
+from visualspec.pipelines import LlamaGenPipeline
+from visualspec.pipelines.tiny import tiny_random_pipeline
+
+PROMPT = "a photo of a red circle"
+
+
+@pytest.fixture(scope="module")
+def t2i_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("t2i")
+    tiny_random_pipeline(seed=0).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pipe(t2i_dir):
+    p = VisualSpecPipeline.from_pretrained(t2i_dir)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def tiny_c2i_pipeline(seed=0):
+    torch.manual_seed(seed)
+    gpt = LlamaGenGPT(vocab_size=64, dim=32, n_layer=2, n_head=2, multiple_of=16, num_classes=5, block_size=16)
+    torch.nn.init.normal_(gpt.output.weight, std=0.5)
+    vq = LlamaGenVQModel(codebook_size=64, codebook_embed_dim=4, ch=16, ch_mult=(1, 2), z_channels=8,
+                         num_res_blocks=1, norm_groups=4)
+    pipe = LlamaGenPipeline(transformer=gpt.eval(), vq_model=vq.eval())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_from_pretrained_returns_the_saved_pipeline_class(t2i_dir, pipe):
+    assert type(pipe) is LlamaGenPipeline
+    assert (t2i_dir / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
+    assert json.loads((t2i_dir / "model_index.json").read_text())["_class_name"] == "LlamaGenPipeline"
+
+
+@pytest.mark.parametrize("decoding", ["ar", "sjd", "lantern"])
+def test_every_mode_generates_images_and_stats(pipe, decoding):
+    out = pipe(PROMPT, decoding=decoding, seed=0, num_images_per_prompt=2, lantern_k=8)
+    assert len(out.images) == 2 and out.images[0].size == (64, 64)
+    assert out.stats.num_tokens == 256 and out.stats.batch_size == 2
+    if decoding == "ar":
+        assert out.stats.target_forwards == 256
+    else:
+        assert out.stats.target_forwards < 256
+
+
+def test_same_seed_same_images_and_generators_work(pipe):
+    a = pipe(PROMPT, seed=3, output_type="np").images
+    b = pipe(PROMPT, generator=torch.Generator().manual_seed(3), output_type="np").images
+    c = pipe(PROMPT, seed=4, output_type="np").images
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    per_image = [torch.Generator().manual_seed(s) for s in (1, 2)]
+    out = pipe([PROMPT, "a photo of a blue square"], generator=per_image, output_type="latent")
+    assert out.images.shape == (2, 256)
+
+
+def test_output_types(pipe):
+    assert pipe(PROMPT, seed=0, output_type="np").images.shape == (1, 64, 64, 3)
+    pt = pipe(PROMPT, seed=0, output_type="pt").images
+    assert pt.shape == (1, 3, 64, 64) and 0 <= pt.min() and pt.max() <= 1
+    ids = pipe(PROMPT, seed=0, output_type="latent").images
+    assert ids.dtype == torch.long and ids.shape == (1, 256)
+    images, stats = pipe(PROMPT, seed=0, return_dict=False)
+    assert len(images) == 1 and stats.num_tokens == 256
+
+
+def test_greedy_modes_give_the_ar_image(pipe):
+    ar = pipe(PROMPT, decoding="ar", temperature=0, output_type="latent").images
+    sjd = pipe(PROMPT, decoding="sjd", temperature=0, output_type="latent", jacobi_init="repeat_above").images
+    assert torch.equal(ar, sjd)
+
+
+def test_class_conditional_pipeline_with_a_draft_model(tmp_path):
+    pipe = tiny_c2i_pipeline()
+    pipe.save_pretrained(tmp_path)
+    draft = tiny_c2i_pipeline(seed=1).transformer
+    loaded = VisualSpecPipeline.from_pretrained(tmp_path, draft_model=draft)
+    loaded.set_progress_bar_config(disable=True)
+    out = loaded([1, 3], decoding="speculative", window=4, seed=0)
+    assert len(out.images) == 2 and out.stats.draft_forwards > 0
+    greedy_ar = loaded(class_labels=[1, 3], decoding="ar", temperature=0, output_type="latent").images
+    greedy_spec = loaded([1, 3], decoding="speculative", temperature=0, output_type="latent").images
+    assert torch.equal(greedy_ar, greedy_spec)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(decoding="medusa"), "unknown decoding mode"),
+    (dict(window=0), "window"),
+    (dict(guidance_scale=-1.0), "guidance_scale"),
+    (dict(top_k=-5), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.2), "top_p"),
+    (dict(output_type="gif"), "output_type"),
+    (dict(decoding="speculative"), "draft_model"),
+    (dict(decoding="lantern", lantern_delta=2.0), "lantern_delta"),
+    (dict(num_images_per_prompt=0), "num_images_per_prompt"),
+])
+def test_bad_arguments_get_clear_errors(pipe, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pipe(PROMPT, **kwargs)
+
+
+def test_bad_conditions_get_clear_errors(pipe):
+    with pytest.raises(ValueError, match="text-conditional"):
+        pipe(3)
+    with pytest.raises(ValueError, match="does not know.*'zebra'"):
+        pipe("a photo of a zebra")
+    c2i = tiny_c2i_pipeline()
+    with pytest.raises(ValueError, match="class-conditional"):
+        c2i("a photo of a cat")
+    with pytest.raises(ValueError, match=r"class labels must be in \[0, 5\)"):
+        c2i([7])
+
+
+def test_folders_that_are_not_pipelines_get_clear_errors(tmp_path, t2i_dir):
+    with pytest.raises(ValueError, match="no model_index.json"):
+        VisualSpecPipeline.from_pretrained(tmp_path)
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ValueError, match="not a visualspec pipeline folder"):
+        VisualSpecPipeline.from_pretrained(tmp_path / "file.txt")
+    (tmp_path / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline"}')
+    with pytest.raises(ValueError, match="does not know"):
+        VisualSpecPipeline.from_pretrained(tmp_path)
+
+
+def test_weights_that_do_not_fit_the_config_get_a_clear_error(tmp_path):
+    tiny_random_pipeline(seed=0).save_pretrained(tmp_path)
+    config_file = tmp_path / "transformer" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["dim"] = 96
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="could not load the pipeline.*") as info:
+        VisualSpecPipeline.from_pretrained(tmp_path)
+    assert "size" in str(info.value) or "shape" in str(info.value)

@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from visualspec.sampling import SamplingConfig, filter_top_k_top_p, sample, uniform
+
+
+def test_guidance_formula_applies_to_logits_before_temperature():
+    cond, uncond = torch.randn(2, 5), torch.randn(2, 5)
+    sc = SamplingConfig(guidance_scale=3.0, temperature=0.7)
+    expected = torch.softmax((uncond + 3.0 * (cond - uncond)) / 0.7, -1)
+    torch.testing.assert_close(sc.probs(torch.cat([cond, uncond])), expected)
+
+
+def test_top_k_and_top_p_keep_the_right_sets():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    assert torch.isinf(filter_top_k_top_p(logits, top_k=2)).tolist() == [[False, False, True, True]]
+    # nucleus 0.6: 0.4 then 0.3 reaches 0.7 >= 0.6, so two tokens stay
+    assert torch.isinf(filter_top_k_top_p(logits, top_p=0.6)).tolist() == [[False, False, True, True]]
+    # the most likely token always stays
+    assert torch.isinf(filter_top_k_top_p(logits, top_p=0.01)).tolist() == [[False, True, True, True]]
+
+
+def test_greedy_is_a_point_mass_on_the_argmax():
+    logits = torch.tensor([[0.1, 2.0, 0.3]])
+    assert SamplingConfig(temperature=0).probs(logits).tolist() == [[0.0, 1.0, 0.0]]
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(temperature=-1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"), (dict(guidance_scale=-0.5), "guidance_scale")])
+def test_bad_sampling_arguments_name_the_problem(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingConfig(**kwargs)
+
+
+def test_sample_follows_the_distribution_and_never_picks_zero_mass():
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0]).repeat(40000, 1)
+    draws = sample(probs, torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=5).double() / 40000
+    assert counts[1] == 0 and counts[4] == 0
+    # 6 standard deviations of a binomial proportion at n = 40000
+    tol = 6 * (0.25 / 40000) ** 0.5
+    assert torch.allclose(counts, probs[0].double(), atol=tol)
+
+
+def test_per_row_generators_are_reproducible_and_independent_of_the_batch():
+    probs = torch.softmax(torch.randn(3, 50), -1)
+    gens = lambda: [torch.Generator().manual_seed(s) for s in (1, 2, 3)]  # noqa: E731
+    a = sample(probs, gens())
+    b = sample(probs, gens())
+    alone = sample(probs[1:2], [torch.Generator().manual_seed(2)])
+    assert torch.equal(a, b) and a[1] == alone[0]
+    with pytest.raises(ValueError, match="generators"):
+        uniform((4,), gens())

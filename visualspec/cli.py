@@ -1,0 +1,179 @@
+"""The ``visualspec`` command line: generate, bench, convert-llamagen.
+
+    visualspec generate "a photo of a red circle" --decoding sjd --seed 0 -o out.png --stats
+    visualspec bench --images 4 --json bench.json
+    visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+MODES = ("ar", "sjd", "lantern", "speculative")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VISUALSPEC_HOME", Path.home() / ".cache" / "visualspec"))
+
+
+def shipped_model_dir() -> Path:
+    """Where the trained default model lives once it is shipped (``assets/`` of the repository)."""
+    return Path(__file__).resolve().parent.parent / "assets" / "shapes-t2i"
+
+
+def default_model() -> tuple[str, str]:
+    """(folder, description) of the default model: the shipped one, else the tiny random one."""
+    shipped = shipped_model_dir()
+    if (shipped / "model_index.json").is_file():
+        return str(shipped), "shipped shapes model"
+    from .pipelines.tiny import TINY_RANDOM_NAME, tiny_random_pipeline
+
+    folder = cache_dir() / "tiny-random-llamagen"
+    if not (folder / "model_index.json").is_file():
+        tiny_random_pipeline(seed=0).save_pretrained(folder)
+    return str(folder), TINY_RANDOM_NAME
+
+
+def load_pipeline(model: str | None):
+    from .pipelines import VisualSpecPipeline
+
+    folder, description = (model, model) if model else default_model()
+    print(f"model: {description}", file=sys.stderr)
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _prompt_or_labels(args):
+    if args.class_label is not None:
+        if args.prompt:
+            raise SystemExit("error: give a prompt or --class-label, not both")
+        return args.class_label
+    if not args.prompt:
+        raise SystemExit("error: give a prompt (text model) or --class-label N (class model)")
+    return args.prompt
+
+
+def _decode_kwargs(args) -> dict:
+    kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, window=args.window, jacobi_init=args.jacobi_init)
+    if args.lantern_k is not None:
+        kw["lantern_k"] = args.lantern_k
+    if args.lantern_delta is not None:
+        kw["lantern_delta"] = args.lantern_delta
+    return kw
+
+
+def cmd_generate(args) -> int:
+    pipe = load_pipeline(args.model)
+    out = pipe(_prompt_or_labels(args), decoding=args.decoding, seed=args.seed,
+               num_images_per_prompt=args.num_images, **_decode_kwargs(args))
+    paths = [args.output] if len(out.images) == 1 else [
+        str(Path(args.output).with_name(f"{Path(args.output).stem}_{i}{Path(args.output).suffix}"))
+        for i in range(len(out.images))]
+    for image, path in zip(out.images, paths):
+        _atomic_save(image, path)
+        print(path)
+    if args.stats:
+        print(out.stats.summary())
+        print(json.dumps(out.stats.to_dict()))
+    if args.acceptance_map:
+        g = pipe.transformer.grid_size
+        _atomic_save(out.stats.acceptance_map_image(g, g), args.acceptance_map)
+    return 0
+
+
+def _atomic_save(image, path: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    image.save(tmp, format=(path.suffix.lstrip(".") or "png").upper().replace("JPG", "JPEG"))
+    os.replace(tmp, path)
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_benchmark
+
+    pipe = load_pipeline(args.model)
+    result = run_benchmark(pipe, prompts=args.prompt or None, modes=args.modes.split(","), images=args.images,
+                           seed=args.seed, **_decode_kwargs(args))
+    text = json.dumps(result, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(result["table"])
+    return 0
+
+
+def cmd_convert_llamagen(args) -> int:
+    from .pipelines.convert_llamagen import convert_llamagen
+
+    convert_llamagen(args.gpt, args.vq, args.out, gpt_model=args.gpt_model, vq_model=args.vq_model,
+                     image_size=args.image_size, text_encoder=args.text_encoder, key=args.key)
+    print(args.out)
+    return 0
+
+
+def _add_decoding_args(p, default_mode="sjd"):
+    p.add_argument("--model", help="pipeline folder (default: the shipped model, else a tiny random one)")
+    p.add_argument("--guidance-scale", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--window", type=int, default=16, help="tokens per target forward in speculative modes")
+    p.add_argument("--jacobi-init", default="random", choices=["random", "repeat_left", "repeat_above"])
+    p.add_argument("--lantern-k", type=int, default=None)
+    p.add_argument("--lantern-delta", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="visualspec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate an image")
+    g.add_argument("prompt", nargs="?", help="text prompt (text-conditional models)")
+    g.add_argument("--class-label", type=int, default=None, help="class label (class-conditional models)")
+    g.add_argument("--decoding", default="sjd", choices=MODES)
+    g.add_argument("-o", "--output", default="out.png")
+    g.add_argument("--num-images", type=int, default=1)
+    g.add_argument("--stats", action="store_true", help="print the decode statistics")
+    g.add_argument("--acceptance-map", metavar="FILE", help="write the per-token acceptance iteration as a picture")
+    _add_decoding_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="AR vs SJD vs LANTERN, side by side in one run")
+    b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
+    b.add_argument("--modes", default="ar,sjd,lantern")
+    b.add_argument("--images", type=int, default=4, help="images per mode")
+    b.add_argument("--json", help="also write the results to this JSON file")
+    _add_decoding_args(b)
+    b.set_defaults(func=cmd_bench)
+
+    c = sub.add_parser("convert-llamagen", help="official LlamaGen checkpoints -> pipeline folder")
+    c.add_argument("--gpt", required=True, help="GPT checkpoint (.pt / consolidated.pth)")
+    c.add_argument("--gpt-model", required=True, help="size: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B")
+    c.add_argument("--vq", required=True, help="VQ tokenizer checkpoint (vq_ds16_c2i.pt ...)")
+    c.add_argument("--vq-model", default="VQ-16", choices=["VQ-16", "VQ-8"])
+    c.add_argument("--image-size", type=int, default=256)
+    c.add_argument("--text-encoder", help="local flan-t5-xl folder (text-conditional models)")
+    c.add_argument("--key", help="checkpoint entry holding the weights (default: model, ema, module, state_dict)")
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=cmd_convert_llamagen)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Turning logits into the distributions that drafts are sampled from and verified against.
+
+Every distribution in visualspec, target or draft, goes through :meth:`SamplingConfig.probs`, so the
+acceptance test always compares a draft token against exactly the distribution it was sampled from
+(after guidance, temperature, top-k and top-p), never against raw logits.
+
+Randomness is explicit: every random draw takes a ``generator`` that is ``None``, one
+``torch.Generator`` for the whole batch, or a list with one generator per batch row (the diffusers
+convention for per-image reproducibility).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+
+Generator = Union[None, torch.Generator, Sequence[torch.Generator]]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a distribution.
+
+    - ``guidance_scale`` s: classifier-free guidance ``uncond + s * (cond - uncond)``. When ``s != 1``
+      the model batch is ``[cond; uncond]`` (2B rows) and :meth:`probs` returns B rows. ``s == 1``
+      means no guidance and a plain batch of B rows.
+    - ``temperature`` T: logits / T. ``T == 0`` means greedy decoding: :meth:`probs` returns the
+      one-hot distribution of the argmax.
+    - ``top_k`` k: keep the k largest logits (0 keeps all).
+    - ``top_p`` p: keep the smallest set of tokens whose probability reaches p (1.0 keeps all).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    guidance_scale: float = 1.0
+
+    def __post_init__(self):
+        check_sampling_args(self.temperature, self.top_k, self.top_p, self.guidance_scale)
+
+    @property
+    def uses_guidance(self) -> bool:
+        return self.guidance_scale != 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def guide(self, logits: torch.Tensor) -> torch.Tensor:
+        """Apply classifier-free guidance: rows [cond; uncond] (2B) -> B rows."""
+        if not self.uses_guidance:
+            return logits
+        cond, uncond = logits.float().chunk(2, dim=0)
+        return uncond + self.guidance_scale * (cond - uncond)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits (2B or B, ..., V) -> probabilities (B, ..., V) in float32."""
+        logits = self.guide(logits).float()
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        logits = filter_top_k_top_p(logits / self.temperature, self.top_k, self.top_p)
+        return torch.softmax(logits, dim=-1)
+
+
+def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float) -> None:
+    """Raise a ValueError naming the first bad sampling argument."""
+    if temperature is None or temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
+    if top_k is None or int(top_k) != top_k or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {top_k!r}")
+    if top_p is None or not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if guidance_scale is None or guidance_scale < 0:
+        raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale!r}")
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k and outside the top-p nucleus to -inf (any leading shape).
+
+    The nucleus is the smallest prefix of tokens, sorted by probability, whose mass reaches
+    ``top_p``; the most likely token is always kept.
+    """
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # drop a token when the mass before it already reaches top_p
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+# ----------------------------------------------------------------------------------------------
+# Random draws with an explicit generator (one for the batch, or one per row)
+# ----------------------------------------------------------------------------------------------
+
+
+def uniform(shape: Sequence[int], generator: Generator = None, device=None) -> torch.Tensor:
+    """U[0, 1) draws of ``shape`` (float64); row b uses ``generator[b]`` when a list is given."""
+    shape = tuple(shape)
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != shape[0]:
+            raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
+        rows = [torch.rand(shape[1:], generator=g, device=g.device, dtype=torch.float64) for g in generator]
+        out = torch.stack(rows)
+    else:
+        gen_device = generator.device if generator is not None else "cpu"
+        out = torch.rand(shape, generator=generator, device=gen_device, dtype=torch.float64)
+    return out.to(device) if device is not None else out
+
+
+def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
+    """One draw from each categorical distribution in ``probs`` (B, ..., V) -> (B, ...) long.
+
+    Inverse-CDF sampling in float64 with one uniform per draw: it never returns a token of zero
+    probability, works with per-row generators and is reproducible for a given generator state.
+    """
+    u = uniform(probs.shape[:-1], generator, device=probs.device)
+    cdf = probs.double().cumsum(-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def make_generator(seed: int | None = None, generator: Generator = None, device="cpu") -> Generator:
+    """The generator to use for a call: an explicit generator wins, else one seeded with ``seed``."""
+    if generator is not None:
+        return generator
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(int(seed))

@@ -1,0 +1,186 @@
+"""Verification rules: which draft tokens a target accepts, and what it emits where it stops.
+
+Every rule is a small pure function over batched tensors with the same signature::
+
+    rule(draft_tokens, draft_probs, target_probs, generator) -> Verdict
+
+- ``draft_tokens`` (B, K) long: the K drafted tokens of each row.
+- ``draft_probs`` (B, K, V) or ``None``: the distribution q each draft token was sampled from.
+  ``None`` means every draft is deterministic (a point mass on the drafted token); a point mass can
+  also be given per position as a one-hot row (see :func:`point_mass`).
+- ``target_probs`` (B, K + 1, V): the target distribution p at each draft position given the
+  prefix and the earlier drafts, plus one more row for the bonus position after the last draft.
+- ``generator``: the randomness (see :mod:`visualspec.sampling`).
+
+The :class:`Verdict` gives, per row, how many drafts were accepted (``a``, 0..K) and the token to
+emit at position ``a`` (the residual sample after a rejection, or the bonus token from
+``target_probs[:, K]`` when all K were accepted). A decode step therefore commits ``a + 1`` tokens.
+
+Lossless rules (:func:`speculative_verify`, :func:`greedy_verify`) emit sequences with exactly the
+target's distribution; :func:`lantern_verify` is lossy with a per-step total-variation budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import Generator, sample, uniform
+
+
+@dataclass
+class Verdict:
+    num_accepted: torch.Tensor  # (B,) long, in 0..K
+    next_tokens: torch.Tensor  # (B,) long, the token at position num_accepted
+
+
+def point_mass(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """One-hot distributions (…, V) for deterministic draft tokens (…)."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
+def _draft_prob_of_token(draft_tokens, draft_probs):
+    if draft_probs is None:
+        return torch.ones(draft_tokens.shape, dtype=torch.float32, device=draft_tokens.device)
+    return draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _first_rejection(accept: torch.Tensor) -> torch.Tensor:
+    """Number of leading True values per row of a (B, K) bool tensor."""
+    return accept.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def _row_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[b, index[b]] for x of shape (B, K, ...)."""
+    return x[torch.arange(x.shape[0], device=x.device), index]
+
+
+def _emit(num_accepted, stop_dist, target_probs, generator) -> Verdict:
+    """Sample the token at position ``num_accepted``: from ``stop_dist`` (B, V) after a rejection,
+    from the bonus row ``target_probs[:, K]`` when every draft was accepted."""
+    K = target_probs.shape[1] - 1
+    all_accepted = (num_accepted == K).unsqueeze(-1)
+    dist = torch.where(all_accepted, target_probs[:, K], stop_dist)
+    return Verdict(num_accepted, sample(dist, generator))
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - q, 0)); falls back to p where the residual has no mass (then p == q, and a
+    rejection had probability zero)."""
+    r = (p - q).clamp_(min=0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp(min=1e-30), p)
+
+
+def speculative_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None) -> Verdict:
+    """Exact speculative sampling (Leviathan et al. 2023; Chen et al. 2023). Lossless.
+
+    For each draft x_i ~ q_i in order, accept with probability ``min(1, p_i(x_i) / q_i(x_i))``.
+    At the first rejection emit a sample from ``norm(max(p_i - q_i, 0))`` and stop; when all K are
+    accepted emit a bonus token from ``p_K``. The emitted token at every position then has law p_i.
+
+    Deterministic drafts (argmax, n-gram, fresh Jacobi initialisations) are point masses q = δ_x:
+    accept with probability ``p(x)``, else sample from p with x removed.
+
+    SJD's probabilistic Jacobi criterion is exactly this rule with q_i the previous Jacobi
+    iteration's distribution at that position (see :class:`visualspec.drafters.JacobiDrafter`).
+    """
+    K = draft_tokens.shape[1]
+    V = target_probs.shape[-1]
+    if K == 0:  # plain autoregressive step
+        return _emit(draft_tokens.new_zeros(draft_tokens.shape[0]), target_probs[:, 0], target_probs, generator)
+    p_x = target_probs[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    q_x = _draft_prob_of_token(draft_tokens, draft_probs)
+    u = uniform(draft_tokens.shape, generator, device=draft_tokens.device)
+    accept = (q_x > 0) & (u * q_x.double() < p_x.double())
+    a = _first_rejection(accept)
+    stop = a.clamp(max=K - 1)
+    p_stop = _row_at(target_probs, stop)
+    x_stop = _row_at(draft_tokens, stop)
+    q_stop = point_mass(x_stop, V) if draft_probs is None else _row_at(draft_probs, stop)
+    return _emit(a, _residual(p_stop, q_stop), target_probs, generator)
+
+
+def greedy_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None) -> Verdict:
+    """Greedy (argmax) verification. Lossless for greedy decoding.
+
+    Accept draft x_i while ``x_i == argmax p_i``; emit ``argmax p_a`` at the first mismatch (or the
+    bonus ``argmax p_K``). ``draft_probs`` and ``generator`` are ignored: nothing is random.
+    """
+    K = draft_tokens.shape[1]
+    best = target_probs.argmax(-1)  # (B, K+1)
+    a = _first_rejection(draft_tokens == best[:, :K])
+    return Verdict(a, _row_at(best, a))
+
+
+# ----------------------------------------------------------------------------------------------
+# LANTERN relaxed acceptance
+# ----------------------------------------------------------------------------------------------
+
+
+def lantern_relaxation(p, tokens, neighbours, delta: float | None = None, lam: float | None = None):
+    """LANTERN's latent-neighbourhood relaxation of p around each draft token.
+
+    ``p`` (..., V), ``tokens`` (...), ``neighbours`` (V, k): the k nearest codebook entries of every
+    token, nearest first. With c_m the target mass of the m nearest neighbours of x, choose the
+    largest m with
+
+    - ``c_m <= delta`` (LANTERN, total-variation budget δ), or
+    - ``c_m <= (lam - 1) * p(x)`` (LANTERN++'s λ variant: p̃(x) <= λ p(x)),
+
+    and return ``(p_tilde_x, absorbed)``: the relaxed probability ``p̃(x) = p(x) + c_m`` and a bool
+    mask (..., k) of the absorbed neighbours. The relaxed distribution p̃ moves the absorbed mass
+    onto x, so ``TV(p, p̃) = c_m <= delta``.
+    """
+    if (delta is None) == (lam is None):
+        raise ValueError("give exactly one of delta (TV budget) or lam (ratio budget)")
+    nb = neighbours[tokens].long()  # (..., k)
+    p_nb = p.gather(-1, nb)
+    cum = p_nb.cumsum(-1)
+    p_x = p.gather(-1, tokens.unsqueeze(-1))
+    budget = torch.full_like(p_x, float(delta)) if delta is not None else (float(lam) - 1.0) * p_x
+    # the neighbour is x itself only in degenerate tables; never absorb x
+    absorbed = (cum <= budget) & (nb != tokens.unsqueeze(-1))
+    absorbed = absorbed.long().cumprod(-1).bool()  # a prefix of the neighbour list
+    c_m = (p_nb * absorbed).sum(-1)
+    return p_x.squeeze(-1) + c_m, absorbed
+
+
+def relaxed_distribution(p, tokens, neighbours, absorbed):
+    """The LANTERN distribution p̃ (…, V): p with the absorbed neighbours' mass moved onto x."""
+    nb = neighbours[tokens].long()
+    moved = (p.gather(-1, nb) * absorbed).sum(-1, keepdim=True)
+    out = p.scatter(-1, nb, p.gather(-1, nb).masked_fill(absorbed, 0.0))
+    return out.scatter_add(-1, tokens.unsqueeze(-1), moved)
+
+
+def lantern_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,
+                   neighbours: torch.Tensor, delta: float | None = 0.1, lam: float | None = None) -> Verdict:
+    """LANTERN relaxed speculative sampling (Jang et al. 2025). Lossy.
+
+    Exact speculative sampling against the relaxed target p̃ of :func:`lantern_relaxation`:
+    accept x with probability ``min(1, p̃(x) / q(x))``; at the first rejection sample from
+    ``norm(max(p̃ - q, 0))`` (x and its absorbed neighbours carry no residual mass); bonus from p_K.
+
+    Bound: ``TV(p, p̃) <= delta`` for every draft token. For a deterministic draft (point mass) the
+    emitted token has law exactly p̃, so one step is within δ of the target in total variation.
+    For stochastic drafts there is no such bound on the step (drafts accepted through their
+    neighbours' mass can pile up); δ then bounds only each token's relaxation.
+    Pass ``lam`` (and ``delta=None``) for the λ variant.
+    """
+    K = draft_tokens.shape[1]
+    V = target_probs.shape[-1]
+    if K == 0:
+        return _emit(draft_tokens.new_zeros(draft_tokens.shape[0]), target_probs[:, 0], target_probs, generator)
+    p = target_probs[:, :K]
+    p_tilde, absorbed = lantern_relaxation(p, draft_tokens, neighbours, delta=delta, lam=lam)
+    q_x = _draft_prob_of_token(draft_tokens, draft_probs)
+    u = uniform(draft_tokens.shape, generator, device=draft_tokens.device)
+    accept = (q_x > 0) & (u * q_x.double() < p_tilde.double())
+    a = _first_rejection(accept)
+    stop = a.clamp(max=K - 1)
+    x_stop = _row_at(draft_tokens, stop)
+    p_stop = relaxed_distribution(_row_at(p, stop), x_stop, neighbours, _row_at(absorbed, stop))
+    q_stop = point_mass(x_stop, V) if draft_probs is None else _row_at(draft_probs, stop)
+    return _emit(a, _residual(p_stop, q_stop), target_probs, generator)
