@@ -1,7 +1,10 @@
-"""The ``visualspec`` command line: generate, bench, convert-llamagen.
+"""The ``visualspec`` command line.
 
     visualspec generate "a photo of a red circle" --decoding sjd --seed 0 -o out.png --stats
+    visualspec batch --prompts prompts.jsonl --out images/        (torchrun / accelerate launch shard it)
+    visualspec eval geneval images/          visualspec eval fid images/ --ref stats.npz
     visualspec bench --images 4 --json bench.json
+    visualspec train-shapes --out assets/shapes-t2i
     visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
 """
 
@@ -117,6 +120,51 @@ def cmd_convert_llamagen(args) -> int:
     return 0
 
 
+def cmd_batch(args) -> int:
+    import contextlib
+
+    from .batch import (combine_summaries, distributed_context, gather_summaries, generate_batch, rank_zero_first,
+                        read_prompts)
+
+    prompts = read_prompts(args.prompts)  # every rank fails the same way on a bad file, before any rendezvous
+    if (args.rank is None) != (args.world_size is None):
+        raise ValueError("give both --rank and --world-size, or neither (torchrun / accelerate set them)")
+    if args.world_size is not None and not (args.world_size >= 1 and 0 <= args.rank < args.world_size):
+        raise ValueError(f"--rank must be in [0, --world-size), got {args.rank} of {args.world_size}")
+    context = (contextlib.nullcontext((args.rank, args.world_size)) if args.world_size is not None
+               else distributed_context())
+    with context as (rank, world_size):
+        with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
+            pipe = load_pipeline(args.model)
+        device = args.device
+        if device is None:
+            import torch
+
+            device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+        pipe.to(device)
+        summary = generate_batch(pipe, prompts, args.out, images_per_prompt=args.images_per_prompt,
+                                 decoding=args.decoding, seed=args.seed, batch_size=args.batch_size, rank=rank,
+                                 world_size=world_size, progress=not args.no_progress, **_decode_kwargs(args))
+        summaries = gather_summaries(summary)  # every rank's, when torchrun / accelerate started the ranks
+        if len(summaries) == 1:
+            print(json.dumps(summary))
+        elif rank == 0:
+            print(json.dumps(combine_summaries(summaries, len(prompts))))
+    return 0
+
+
+def cmd_train_shapes(args) -> int:
+    from .train import train_feature_net, train_shapes
+
+    if args.features_out:
+        train_feature_net(args.features_out, seed=args.seed)
+        print(args.features_out)
+    if args.out:
+        train_shapes(args.out, args.work_dir)
+        print(args.out)
+    return 0
+
+
 def _add_decoding_args(p, default_mode="sjd"):
     p.add_argument("--model", help="pipeline folder (default: the shipped model, else a tiny random one)")
     p.add_argument("--guidance-scale", type=float, default=None)
@@ -152,6 +200,28 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="also write the results to this JSON file")
     _add_decoding_args(b)
     b.set_defaults(func=cmd_bench)
+
+    bt = sub.add_parser("batch", help="many prompts -> GenEval's folder layout (resumable, shardable)")
+    bt.add_argument("--prompts", required=True, metavar="FILE",
+                    help="prompt file: .jsonl (GenEval metadata, one object per line) or text (one prompt per line)")
+    bt.add_argument("--out", required=True, metavar="DIR", help="output folder (DIR/00000/samples/0000.png ...)")
+    bt.add_argument("--images-per-prompt", type=int, default=4)
+    bt.add_argument("--decoding", default="sjd", choices=MODES)
+    bt.add_argument("--batch-size", type=int, default=None,
+                    help="images per pipeline call (default: --images-per-prompt); part of what fixes the pixels")
+    bt.add_argument("--rank", type=int, default=None, help="this shard (with --world-size; default: from torchrun)")
+    bt.add_argument("--world-size", type=int, default=None, help="number of shards (with --rank)")
+    bt.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")
+    bt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_decoding_args(bt)
+    bt.set_defaults(func=cmd_batch)
+
+    t = sub.add_parser("train-shapes", help="train the shapes-world model (and the FID-shapes features)")
+    t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
+    t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
+    t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_train_shapes)
 
     c = sub.add_parser("convert-llamagen", help="official LlamaGen checkpoints -> pipeline folder")
     c.add_argument("--gpt", required=True, help="GPT checkpoint (.pt / consolidated.pth)")
