@@ -1,0 +1,330 @@
+"""Train the shipped shapes-world text-to-image model, reproducibly and resumably.
+
+    visualspec train-shapes --out assets/shapes-t2i
+
+Three parts, trained from scratch on images drawn fresh from the shapes world every step (so there
+is no dataset to store, and step s always sees the same batch):
+
+1. a VQ tokenizer in LlamaGen's architecture, scaled down: 64x64 images -> 16x16 codes of a
+   512-entry, L2-normalised codebook (reconstruction + codebook + commitment losses, with dead
+   codes restarted from encoder outputs);
+2. a small T5 text encoder over the world's words, trained jointly with
+3. a text-conditional LlamaGen GPT over the 256 image tokens (next-token cross-entropy; 10% of
+   captions are replaced by the null caption for classifier-free guidance).
+
+Checkpoints (safetensors + JSON) are written to ``--work-dir`` every few minutes; rerunning the
+same command resumes where it stopped. A GPU is used when present; on a CPU the GPT trains in
+bfloat16 autocast. The final pipeline stores the GPT in float16 to keep the asset small (it is
+loaded back in float32).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from .worlds import shapes
+
+
+@dataclass
+class ShapesTrainingConfig:
+    seed: int = 0
+    # VQ tokenizer
+    codebook_size: int = 512
+    vq_channels: int = 16
+    vq_steps: int = 600
+    vq_batch: int = 16
+    vq_lr: float = 1e-3
+    # text encoder + GPT
+    text_dim: int = 128
+    text_layers: int = 2
+    caption_tokens: int = 16
+    gpt_dim: int = 256
+    gpt_layers: int = 8
+    gpt_heads: int = 4
+    gpt_steps: int = 2400
+    gpt_batch: int = 32
+    gpt_lr: float = 6e-4
+    warmup_steps: int = 100
+    caption_dropout: float = 0.1
+    guidance_scale: float = 3.0
+    checkpoint_seconds: float = 300.0
+
+
+# ------------------------------------------------------------------------------------ data
+
+
+def world_batch(seed: int, step: int, batch: int):
+    """Batch ``step`` of the training stream: images (B, 3, 64, 64) in [-1, 1] and prompts."""
+    rng = np.random.default_rng([seed, step])
+    images, prompts = [], []
+    for _ in range(batch):
+        image, metadata, _ = shapes.sample(rng)
+        images.append(image)
+        prompts.append(metadata["prompt"])
+    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+    return x, prompts
+
+
+# ------------------------------------------------------------------------------------ checkpoints
+
+
+def save_checkpoint(path: Path, modules: dict, optimizer, step: int, extra: dict | None = None) -> None:
+    """Weights and optimizer state as safetensors, the rest as JSON; written atomically."""
+    path.mkdir(parents=True, exist_ok=True)
+    # clone: tied weights (T5 shares its embeddings) must be separate tensors in safetensors
+    tensors = {f"{name}/{k}": v.detach().cpu().clone() for name, m in modules.items()
+               for k, v in m.state_dict().items()}
+    opt = optimizer.state_dict()
+    for pid, state in opt["state"].items():
+        for k, v in state.items():
+            tensors[f"optimizer/{pid}/{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).contiguous().cpu()
+    tmp = path / "state.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    meta = {"step": step, "param_groups": opt["param_groups"], **(extra or {})}
+    (path / "meta.json.tmp").write_text(json.dumps(meta))
+    os.replace(tmp, path / "state.safetensors")
+    os.replace(path / "meta.json.tmp", path / "meta.json")
+
+
+def load_checkpoint(path: Path, modules: dict, optimizer) -> dict | None:
+    if not (path / "meta.json").is_file():
+        return None
+    meta = json.loads((path / "meta.json").read_text())
+    tensors = load_file(str(path / "state.safetensors"))
+    for name, m in modules.items():
+        m.load_state_dict({k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{name}/")})
+    state = {}
+    for key, v in tensors.items():
+        if key.startswith("optimizer/"):
+            _, pid, k = key.split("/", 2)
+            state.setdefault(int(pid), {})[k] = v
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return meta
+
+
+def _lr(step: int, cfg_steps: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = (step - warmup) / max(cfg_steps - warmup, 1)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+# ------------------------------------------------------------------------------------ stage 1: VQ
+
+
+def build_vq(cfg: ShapesTrainingConfig):
+    from .models.llamagen_vq import LlamaGenVQModel
+
+    torch.manual_seed(cfg.seed)
+    return LlamaGenVQModel(codebook_size=cfg.codebook_size, codebook_embed_dim=8, ch=cfg.vq_channels,
+                           ch_mult=(1, 2, 4), z_channels=32, num_res_blocks=1, norm_groups=8,
+                           codebook_usage_window=cfg.vq_batch * 256 * 4)
+
+
+def train_vq(cfg: ShapesTrainingConfig, work: Path, device, progress=True):
+    from tqdm.auto import tqdm
+
+    vq = build_vq(cfg).to(device)
+    opt = torch.optim.Adam(vq.parameters(), lr=cfg.vq_lr, betas=(0.9, 0.99))
+    meta = load_checkpoint(work / "vq", {"vq": vq}, opt)
+    start = meta["step"] if meta else 0
+    last_save = time.time()
+    bar = tqdm(range(start, cfg.vq_steps), desc="VQ tokenizer", disable=not progress, initial=start,
+               total=cfg.vq_steps)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg.vq_steps, cfg.vq_lr, 50)
+        x, _ = world_batch(cfg.seed, step, cfg.vq_batch)
+        x = x.to(device)
+        recon, indices, losses = vq(x)
+        rec = F.mse_loss(recon, x) + F.l1_loss(recon, x)
+        loss = rec + losses["codebook_loss"] + losses["commitment_loss"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 50 == 49 and step < cfg.vq_steps * 0.8:
+            restart_dead_codes(vq, x)
+        bar.set_postfix(rec=f"{rec.item():.4f}", usage=f"{vq.codebook_usage():.2f}")
+        if time.time() - last_save > cfg.checkpoint_seconds:
+            save_checkpoint(work / "vq", {"vq": vq}, opt, step + 1)
+            last_save = time.time()
+    save_checkpoint(work / "vq", {"vq": vq}, opt, cfg.vq_steps)
+    return vq.eval()
+
+
+@torch.no_grad()
+def restart_dead_codes(vq, images) -> int:
+    """Move codebook entries unused in the recent window onto random current encoder outputs."""
+    used = vq.quantize.codebook_used.long()
+    counts = torch.bincount(used[used >= 0], minlength=vq.config.codebook_size)
+    dead = (counts == 0).nonzero().flatten()
+    if len(dead) == 0:
+        return 0
+    z = vq.encode_latents(images).permute(0, 2, 3, 1).reshape(-1, vq.config.codebook_embed_dim)
+    pick = torch.randint(0, z.shape[0], (len(dead),), device=z.device)
+    vq.quantize.embedding.weight[dead] = z[pick] + 0.01 * torch.randn_like(z[pick])
+    return len(dead)
+
+
+# ------------------------------------------------------------------------------------ stage 2: text + GPT
+
+
+def build_text_and_gpt(cfg: ShapesTrainingConfig):
+    from transformers import T5Config, T5EncoderModel
+
+    from .models.llamagen import LlamaGenGPT
+    from .pipelines.tiny import word_tokenizer
+
+    torch.manual_seed(cfg.seed + 1)
+    tokenizer = word_tokenizer(shapes.vocabulary(), model_max_length=cfg.caption_tokens)
+    encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=cfg.text_dim, d_kv=32, d_ff=2 * cfg.text_dim,
+                                      num_layers=cfg.text_layers, num_heads=cfg.text_dim // 32, dropout_rate=0.0,
+                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
+    gpt = LlamaGenGPT(vocab_size=cfg.codebook_size, dim=cfg.gpt_dim, n_layer=cfg.gpt_layers, n_head=cfg.gpt_heads,
+                      multiple_of=64, model_type="t2i", caption_dim=cfg.text_dim, cls_token_num=cfg.caption_tokens,
+                      block_size=256, class_dropout_prob=cfg.caption_dropout)
+    return tokenizer, encoder, gpt
+
+
+def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
+    from tqdm.auto import tqdm
+
+    from .pipelines.llamagen import LlamaGenPipeline
+
+    tokenizer, encoder, gpt = build_text_and_gpt(cfg)
+    encoder, gpt = encoder.to(device), gpt.to(device)
+    params = list(encoder.parameters()) + list(gpt.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.gpt_lr, betas=(0.9, 0.95), weight_decay=0.05)
+    meta = load_checkpoint(work / "gpt", {"encoder": encoder, "gpt": gpt}, opt)
+    start = meta["step"] if meta else 0
+    # the pipeline's own prompt encoding (tokenise, encode, left-pad) is what training uses
+    helper = LlamaGenPipeline(transformer=gpt, vq_model=vq, text_encoder=encoder, tokenizer=tokenizer)
+    autocast = dict(device_type=device.type, dtype=torch.bfloat16)
+    last_save = time.time()
+    bar = tqdm(range(start, cfg.gpt_steps), desc="text encoder + GPT", disable=not progress, initial=start,
+               total=cfg.gpt_steps)
+    gpt.train()
+    encoder.train()
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg.gpt_steps, cfg.gpt_lr, cfg.warmup_steps)
+        x, prompts = world_batch(cfg.seed + 1, step, cfg.gpt_batch)
+        with torch.no_grad():
+            _, tokens = vq.encode(x.to(device))
+        tokens = tokens.flatten(1)
+        drop = torch.rand(len(prompts), generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
+        drop = (drop < cfg.caption_dropout).to(device)
+        with torch.autocast(**autocast):
+            captions, mask = helper.encode_prompt(prompts)
+            mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
+            logits = gpt(captions, tokens, cond_mask=mask, drop_condition=drop)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if time.time() - last_save > cfg.checkpoint_seconds:
+            save_checkpoint(work / "gpt", {"encoder": encoder, "gpt": gpt}, opt, step + 1)
+            last_save = time.time()
+    save_checkpoint(work / "gpt", {"encoder": encoder, "gpt": gpt}, opt, cfg.gpt_steps)
+    return tokenizer, encoder.eval(), gpt.eval()
+
+
+# ------------------------------------------------------------------------------------ the command
+
+
+def train_shapes(out: str, work_dir: str, cfg: ShapesTrainingConfig | None = None, progress: bool = True):
+    """Run (or resume) all stages and save the pipeline folder to ``out``."""
+    from .pipelines.llamagen import LlamaGenPipeline
+
+    cfg = cfg or ShapesTrainingConfig()
+    work = Path(work_dir).expanduser()
+    work.mkdir(parents=True, exist_ok=True)
+    saved = work / "config.json"
+    if saved.is_file() and json.loads(saved.read_text()) != asdict(cfg):
+        raise ValueError(f"{work} holds a run with another configuration; use a new --work-dir")
+    saved.write_text(json.dumps(asdict(cfg), indent=1))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.time()
+    vq = train_vq(cfg, work, device, progress)
+    for p in vq.parameters():
+        p.requires_grad_(False)
+    tokenizer, encoder, gpt = train_gpt(cfg, vq, work, device, progress)
+    pipe = LlamaGenPipeline(transformer=gpt.to("cpu", torch.float16), vq_model=vq.to("cpu"),
+                            text_encoder=encoder.to("cpu"), tokenizer=tokenizer,
+                            default_guidance_scale=cfg.guidance_scale)
+    pipe.save_pretrained(out)
+    (Path(out) / "training.json").write_text(json.dumps(
+        {"config": asdict(cfg), "command": "visualspec train-shapes", "seconds_this_run": round(time.time() - t0)},
+        indent=1) + "\n")
+    return LlamaGenPipeline.from_pretrained(out)  # float32 again, as users load it
+
+
+# ------------------------------------------------------------------------------------ FID-shapes features
+
+
+def scene_targets(objects) -> np.ndarray:
+    """What the FID-shapes network learns to see: per shape x colour counts, per-shape mean centre,
+    object count and mean size (32 numbers, roughly unit scale)."""
+    t = np.zeros(32, dtype=np.float32)
+    colors = list(shapes.COLORS)
+    for obj in objects:
+        t[shapes.SHAPES.index(obj.shape) * 8 + colors.index(obj.color)] += 1
+    for i, s in enumerate(shapes.SHAPES):
+        centres = [o.center for o in objects if o.shape == s]
+        if centres:
+            t[24 + 2 * i: 26 + 2 * i] = np.mean(centres, axis=0) / shapes.CANVAS
+    t[30] = len(objects) / 4
+    t[31] = np.mean([o.box[2] - o.box[0] for o in objects]) / shapes.MAX_SIZE
+    return t
+
+
+def world_feature_batch(seed: int, step: int, batch: int):
+    rng = np.random.default_rng([seed, 7, step])
+    images, targets = [], []
+    for _ in range(batch):
+        image, _, objects = shapes.sample(rng)
+        images.append(image)
+        targets.append(scene_targets(objects))
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255, torch.from_numpy(np.stack(targets))
+
+
+def train_feature_net(out: str, steps: int = 800, batch: int = 64, seed: int = 0, reference_images: int = 5000,
+                      progress: bool = True):
+    """Train the FID-shapes network and write it with the world's reference statistics to ``out``."""
+    from tqdm.auto import tqdm
+
+    from .eval.fid import compute_statistics, save_statistics
+    from .models.shapes_features import ShapesFeatureNet
+
+    torch.manual_seed(seed)
+    net = ShapesFeatureNet()
+    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=0.01)
+    for step in tqdm(range(steps), desc="FID-shapes features", disable=not progress):
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, steps, 2e-3, 50)
+        x, y = world_feature_batch(seed, step, batch)
+        loss = F.mse_loss(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    net.eval().save_pretrained(out)
+    feats = []
+    with torch.no_grad():
+        for start in range(0, reference_images, 250):
+            x, _ = world_feature_batch(seed + 1, start, min(250, reference_images - start))
+            feats.append(net.features(x).double().numpy())
+    mu, sigma = compute_statistics(np.concatenate(feats))
+    save_statistics(Path(out) / "reference_stats.npz", mu, sigma)
+    return net
