@@ -1,0 +1,1 @@
+"""Scorers: GenEval-protocol evaluation and FID / CLIP score."""
