@@ -29,9 +29,11 @@ class ShapesFeatureNet(ModelMixin, ConfigMixin):
         self.proj = nn.Linear(c_in, feature_dim)
         self.head = nn.Linear(feature_dim, num_targets)
 
-    def features(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The features used for FID."""
         x = self.body(images * 2 - 1)
         return F.silu(self.proj(x.mean(dim=(2, 3))))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(images))
+    def predict_targets(self, images: torch.Tensor) -> torch.Tensor:
+        """What the network was trained to predict (see ``visualspec.train.scene_targets``)."""
+        return self.head(self(images))

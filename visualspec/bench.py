@@ -2,13 +2,17 @@
 
 Timings on shared machines drift, so the modes are interleaved image by image (AR, SJD, LANTERN,
 AR, SJD, ...) after one warm-up call each, and speed is reported as ratios to AR measured in the
-same run.
+same run. With a ``scorer``, the very images that were timed are also scored for quality.
 """
 
 from __future__ import annotations
 
+import json
 import platform
+import tempfile
 import time
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -21,24 +25,37 @@ DEFAULT_PROMPTS = [
 ]
 
 
-def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: int = 4, seed: int = 0, **kwargs) -> dict:
-    """Generate ``images`` images per mode (batch 1) and summarise cost per image."""
+def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: int = 4, seed: int = 0,
+                  scorer: Callable[[Path], dict] | None = None, keep_images: str | None = None, **kwargs) -> dict:
+    """Generate ``images`` images per mode (batch 1) and summarise cost (and quality) per image.
+
+    ``prompts`` are strings or GenEval metadata dicts (``{"prompt": ..., "tag": ..., ...}``); image i
+    uses prompt ``i % len(prompts)`` and seed ``seed + i`` in every mode. With ``scorer``, each mode's
+    images are written in GenEval's layout and ``scorer(folder)`` is reported under ``quality``.
+    """
     if "ar" not in modes:
         modes = ("ar", *modes)
     text = getattr(pipe, "is_text_conditional", True)
     if prompts is None:
         prompts = DEFAULT_PROMPTS if text else list(range(4))
-    conditions = [prompts[i % len(prompts)] for i in range(images)]
+    entries = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
+    conditions = [entries[i % len(entries)] for i in range(images)]
     for mode in modes:  # warm-up (allocations, lazy tables such as LANTERN's neighbours)
-        pipe(conditions[0], decoding=mode, seed=seed, output_type="latent", **kwargs)
+        pipe(conditions[0]["prompt"], decoding=mode, seed=seed, output_type="latent", **kwargs)
+    tmp = None if keep_images else tempfile.TemporaryDirectory()
+    root = Path(keep_images or tmp.name)
     rows = {m: {"forwards": [], "accepted": [], "seconds": []} for m in modes}
-    for i, cond in enumerate(conditions):
+    for i, entry in enumerate(conditions):
         for mode in modes:
             t0 = time.perf_counter()
-            out = pipe(cond, decoding=mode, seed=seed + i, output_type="pil", **kwargs)
+            out = pipe(entry["prompt"], decoding=mode, seed=seed + i, output_type="pil", **kwargs)
             rows[mode]["seconds"].append(time.perf_counter() - t0)
             rows[mode]["forwards"].append(out.stats.target_forwards)
             rows[mode]["accepted"].append(out.stats.mean_accepted)
+            folder = root / mode / f"{i:05d}"
+            (folder / "samples").mkdir(parents=True, exist_ok=True)
+            (folder / "metadata.jsonl").write_text(json.dumps(entry) + "\n")
+            out.images[0].save(folder / "samples" / "0000.png")
     ar_forwards = np.mean(rows["ar"]["forwards"])
     ar_seconds = np.mean(rows["ar"]["seconds"])
     results = {}
@@ -51,17 +68,33 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
             "forwards_ratio_to_ar": round(forwards / ar_forwards, 4),
             "speedup_vs_ar": round(ar_seconds / seconds, 3),
         }
-    header = f"{'mode':<12}{'forwards/img':>14}{'accepted/step':>15}{'s/img':>10}{'fwd vs AR':>11}{'speedup':>9}"
-    lines = [header] + [
-        f"{m:<12}{r['target_forwards_per_image']:>14.1f}{r['mean_accepted_tokens_per_step']:>15.2f}"
-        f"{r['seconds_per_image']:>10.3f}{r['forwards_ratio_to_ar']:>11.3f}{r['speedup_vs_ar']:>9.2f}"
-        for m, r in results.items()
-    ]
+        if scorer is not None:
+            quality = scorer(root / mode)
+            results[mode]["geneval_overall"] = round(quality["geneval"]["overall"], 4)
+            results[mode]["geneval_tasks"] = {k: round(v["accuracy"], 4) for k, v in quality["geneval"]["tasks"].items()}
+            results[mode]["fid_shapes"] = round(quality["fid_shapes"], 3)
+    if tmp is not None:
+        tmp.cleanup()
     return {
         "images_per_mode": images,
         "settings": {k: v for k, v in kwargs.items()},
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "results": results,
-        "table": "\n".join(lines),
+        "table": format_table(results),
     }
+
+
+def format_table(results: dict) -> str:
+    quality = all("geneval_overall" in r for r in results.values())
+    header = f"{'mode':<12}{'forwards/img':>14}{'accepted/step':>15}{'s/img':>10}{'fwd vs AR':>11}{'speedup':>9}"
+    if quality:
+        header += f"{'GenEval':>9}{'FID-shapes':>12}"
+    lines = [header]
+    for m, r in results.items():
+        line = (f"{m:<12}{r['target_forwards_per_image']:>14.1f}{r['mean_accepted_tokens_per_step']:>15.2f}"
+                f"{r['seconds_per_image']:>10.3f}{r['forwards_ratio_to_ar']:>11.3f}{r['speedup_vs_ar']:>9.2f}")
+        if quality:
+            line += f"{r['geneval_overall']:>9.3f}{r['fid_shapes']:>12.2f}"
+        lines.append(line)
+    return "\n".join(lines)

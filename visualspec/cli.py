@@ -102,8 +102,16 @@ def cmd_bench(args) -> int:
     from .bench import run_benchmark
 
     pipe = load_pipeline(args.model)
-    result = run_benchmark(pipe, prompts=args.prompt or None, modes=args.modes.split(","), images=args.images,
-                           seed=args.seed, **_decode_kwargs(args))
+    prompts, scorer = args.prompt or None, None
+    if args.quality:
+        from .pipelines.shapes_quality import score_shapes_folder
+        from .worlds.shapes import evaluation_prompts
+
+        prompts = evaluation_prompts(per_task=args.per_task, seed=args.seed)
+        args.images = len(prompts)
+        scorer = score_shapes_folder
+    result = run_benchmark(pipe, prompts=prompts, modes=args.modes.split(","), images=args.images, seed=args.seed,
+                           scorer=scorer, keep_images=args.keep_images, **_decode_kwargs(args))
     text = json.dumps(result, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")
@@ -153,6 +161,41 @@ def cmd_batch(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    if args.metric == "geneval":
+        from .eval.geneval import main as geneval_main
+
+        return geneval_main(args.rest)
+    from .eval.fid import fid_from_folder, inception_extractor
+
+    parser = argparse.ArgumentParser(prog="visualspec eval fid", description="FID of an image folder")
+    parser.add_argument("folder", help="image folder, or a GenEval-layout folder (its samples are used)")
+    parser.add_argument("--ref", help="reference statistics .npz (mu, sigma) or an image folder "
+                                      "(default with --features shapes: the shapes world's statistics)")
+    parser.add_argument("--features", default="shapes", choices=["shapes", "inception"])
+    parser.add_argument("--inception-weights", help="pt_inception-2015-12-05-6726825d.pth (pytorch-fid's weights)")
+    opts = parser.parse_args(args.rest)
+    if opts.features == "inception":
+        if not opts.inception_weights or not opts.ref:
+            raise ValueError("--features inception needs --inception-weights FILE and --ref FILE")
+        extractor = inception_extractor(opts.inception_weights)
+    else:
+        from .pipelines.shapes_quality import REFERENCE_STATS, shapes_fid_extractor
+
+        extractor = shapes_fid_extractor()
+        opts.ref = opts.ref or str(REFERENCE_STATS)
+    folder = Path(opts.folder)
+    if folder.is_dir() and any(p.is_dir() and p.name.isdigit() for p in folder.iterdir()):
+        from .eval.geneval import read_geneval_folder
+
+        images = [p for entry in read_geneval_folder(folder) for p in entry.images]
+    else:
+        images = folder
+    print(json.dumps({"fid": fid_from_folder(images, opts.ref, extractor), "features": opts.features,
+                      "reference": opts.ref}))
+    return 0
+
+
 def cmd_train_shapes(args) -> int:
     from .train import train_feature_net, train_shapes
 
@@ -198,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", default="ar,sjd,lantern")
     b.add_argument("--images", type=int, default=4, help="images per mode")
     b.add_argument("--json", help="also write the results to this JSON file")
+    b.add_argument("--quality", action="store_true",
+                   help="shapes world: benchmark on GenEval-shapes prompts and score GenEval-shapes and FID-shapes")
+    b.add_argument("--per-task", type=int, default=20, help="with --quality: prompts per GenEval task")
+    b.add_argument("--keep-images", metavar="DIR", help="keep the generated images here (one folder per mode)")
     _add_decoding_args(b)
     b.set_defaults(func=cmd_bench)
 
@@ -215,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_decoding_args(bt)
     bt.set_defaults(func=cmd_batch)
+
+    e = sub.add_parser("eval", help="score images: geneval FOLDER [...] | fid FOLDER [--ref FILE]",
+                       add_help=False)
+    e.add_argument("metric", choices=["geneval", "fid"])
+    e.add_argument("rest", nargs=argparse.REMAINDER)
+    e.set_defaults(func=cmd_eval)
 
     t = sub.add_parser("train-shapes", help="train the shapes-world model (and the FID-shapes features)")
     t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")

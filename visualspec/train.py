@@ -315,7 +315,7 @@ def train_feature_net(out: str, steps: int = 800, batch: int = 64, seed: int = 0
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, 2e-3, 50)
         x, y = world_feature_batch(seed, step, batch)
-        loss = F.mse_loss(net(x), y)
+        loss = F.mse_loss(net.predict_targets(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -324,7 +324,7 @@ def train_feature_net(out: str, steps: int = 800, batch: int = 64, seed: int = 0
     with torch.no_grad():
         for start in range(0, reference_images, 250):
             x, _ = world_feature_batch(seed + 1, start, min(250, reference_images - start))
-            feats.append(net.features(x).double().numpy())
+            feats.append(net(x).double().numpy())
     mu, sigma = compute_statistics(np.concatenate(feats))
     save_statistics(Path(out) / "reference_stats.npz", mu, sigma)
     return net

@@ -86,20 +86,33 @@ def speculative_verify(draft_tokens, draft_probs, target_probs, generator: Gener
     SJD's probabilistic Jacobi criterion is exactly this rule with q_i the previous Jacobi
     iteration's distribution at that position (see :class:`visualspec.drafters.JacobiDrafter`).
     """
+    if draft_tokens.shape[1] == 0:
+        return _autoregressive_step(target_probs, generator)
+    p_x = target_probs[:, :-1].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    return _verify_against(draft_tokens, draft_probs, target_probs, generator, p_x,
+                           lambda stop, x_stop: _row_at(target_probs, stop))
+
+
+def _autoregressive_step(target_probs, generator) -> Verdict:
+    """No drafts: emit one token from p_0."""
+    none = torch.zeros(target_probs.shape[0], dtype=torch.long, device=target_probs.device)
+    return _emit(none, target_probs[:, 0], target_probs, generator)
+
+
+def _verify_against(draft_tokens, draft_probs, target_probs, generator, target_mass, stop_target) -> Verdict:
+    """Speculative sampling against a target given by its mass at each draft token (B, K) and
+    ``stop_target(stop, x_stop)``, its distribution (B, V) at the stop row: accept x_i with
+    ``min(1, target_mass_i / q_i(x_i))``; at the first rejection sample from
+    ``norm(max(target - q, 0))``; after K acceptances a bonus token from ``target_probs[:, K]``."""
     K = draft_tokens.shape[1]
-    V = target_probs.shape[-1]
-    if K == 0:  # plain autoregressive step
-        return _emit(draft_tokens.new_zeros(draft_tokens.shape[0]), target_probs[:, 0], target_probs, generator)
-    p_x = target_probs[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     q_x = _draft_prob_of_token(draft_tokens, draft_probs)
     u = uniform(draft_tokens.shape, generator, device=draft_tokens.device)
-    accept = (q_x > 0) & (u * q_x.double() < p_x.double())
+    accept = (q_x > 0) & (u * q_x.double() < target_mass.double())
     a = _first_rejection(accept)
     stop = a.clamp(max=K - 1)
-    p_stop = _row_at(target_probs, stop)
     x_stop = _row_at(draft_tokens, stop)
-    q_stop = point_mass(x_stop, V) if draft_probs is None else _row_at(draft_probs, stop)
-    return _emit(a, _residual(p_stop, q_stop), target_probs, generator)
+    q_stop = point_mass(x_stop, target_probs.shape[-1]) if draft_probs is None else _row_at(draft_probs, stop)
+    return _emit(a, _residual(stop_target(stop, x_stop), q_stop), target_probs, generator)
 
 
 def greedy_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None) -> Verdict:
@@ -169,18 +182,10 @@ def lantern_verify(draft_tokens, draft_probs, target_probs, generator: Generator
     neighbours' mass can pile up); δ then bounds only each token's relaxation.
     Pass ``lam`` (and ``delta=None``) for the λ variant.
     """
-    K = draft_tokens.shape[1]
-    V = target_probs.shape[-1]
-    if K == 0:
-        return _emit(draft_tokens.new_zeros(draft_tokens.shape[0]), target_probs[:, 0], target_probs, generator)
-    p = target_probs[:, :K]
+    if draft_tokens.shape[1] == 0:
+        return _autoregressive_step(target_probs, generator)
+    p = target_probs[:, :-1]
     p_tilde, absorbed = lantern_relaxation(p, draft_tokens, neighbours, delta=delta, lam=lam)
-    q_x = _draft_prob_of_token(draft_tokens, draft_probs)
-    u = uniform(draft_tokens.shape, generator, device=draft_tokens.device)
-    accept = (q_x > 0) & (u * q_x.double() < p_tilde.double())
-    a = _first_rejection(accept)
-    stop = a.clamp(max=K - 1)
-    x_stop = _row_at(draft_tokens, stop)
-    p_stop = relaxed_distribution(_row_at(p, stop), x_stop, neighbours, _row_at(absorbed, stop))
-    q_stop = point_mass(x_stop, V) if draft_probs is None else _row_at(draft_probs, stop)
-    return _emit(a, _residual(p_stop, q_stop), target_probs, generator)
+    return _verify_against(
+        draft_tokens, draft_probs, target_probs, generator, p_tilde,
+        lambda stop, x_stop: relaxed_distribution(_row_at(p, stop), x_stop, neighbours, _row_at(absorbed, stop)))
