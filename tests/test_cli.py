@@ -48,3 +48,15 @@ def test_console_script_is_installed():
     """The README installs the package, so the ``visualspec`` command must exist."""
     result = subprocess.run(["visualspec", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "generate" in result.stdout
+
+
+def test_bench_quality_scores_the_timed_images(home, tmp_path):
+    report = tmp_path / "q.json"
+    assert main(["bench", "--quality", "--per-task", "1", "--json", str(report), "--lantern-k", "8",
+                 "--keep-images", str(tmp_path / "imgs")]) == 0
+    result = json.loads(report.read_text())
+    assert result["images_per_mode"] == 6
+    for mode in ("ar", "sjd", "lantern"):
+        r = result["results"][mode]
+        assert 0 <= r["geneval_overall"] <= 1 and r["fid_shapes"] >= 0 and len(r["geneval_tasks"]) == 6
+        assert len(list((tmp_path / "imgs" / mode).glob("*/samples/0000.png"))) == 6

@@ -261,7 +261,7 @@ def train_shapes(out: str, work_dir: str, cfg: ShapesTrainingConfig | None = Non
     for p in vq.parameters():
         p.requires_grad_(False)
     tokenizer, encoder, gpt = train_gpt(cfg, vq, work, device, progress)
-    pipe = LlamaGenPipeline(transformer=gpt.to("cpu", torch.float16), vq_model=vq.to("cpu"),
+    pipe = LlamaGenPipeline(transformer=gpt.cpu().half(), vq_model=vq.to("cpu"),
                             text_encoder=encoder.to("cpu"), tokenizer=tokenizer,
                             default_guidance_scale=cfg.guidance_scale)
     pipe.save_pretrained(out)

@@ -600,7 +600,10 @@ class TorchFeatureExtractor:
                 device = torch.device("cpu")
         self.device = torch.device(device)
         self.dtype = dtype
-        self.module = module.to(device=self.device, dtype=dtype).eval()
+        params = list(module.parameters())
+        if any(p.device != self.device or p.dtype != dtype for p in params):
+            module = module.to(device=self.device, dtype=dtype)
+        self.module = module.eval()
         if isinstance(image_size, int):
             image_size = (image_size, image_size)
         self.image_size = tuple(image_size) if image_size is not None else None
