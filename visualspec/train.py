@@ -41,9 +41,9 @@ class ShapesTrainingConfig:
     # VQ tokenizer
     codebook_size: int = 512
     vq_channels: int = 16
-    vq_steps: int = 600
+    vq_steps: int = 3000
     vq_batch: int = 16
-    vq_lr: float = 1e-3
+    vq_lr: float = 2e-3
     # text encoder + GPT
     text_dim: int = 128
     text_layers: int = 2
