@@ -208,7 +208,7 @@ def cmd_train_shapes(args) -> int:
     return 0
 
 
-def _add_decoding_args(p, default_mode="sjd"):
+def _add_decoding_args(p):
     p.add_argument("--model", help="pipeline folder (default: the shipped model, else a tiny random one)")
     p.add_argument("--guidance-scale", type=float, default=None)
     p.add_argument("--temperature", type=float, default=1.0)
