@@ -11,7 +11,10 @@ image tokens in raster order:
 
 Parameter and buffer names follow the official checkpoints, so their state dicts load strictly.
 A known quirk is reproduced on purpose: the rotary table is all zeros on the conditioning prefix,
-which zeroes queries and keys there.
+which zeroes queries and keys there, so every image token attends to every caption token with the
+same logit (the caption reaches the image only as an average). ``prefix_rope="identity"`` leaves the
+prefix unrotated instead, so attention to caption tokens depends on their content; the shipped
+shapes model is trained that way, official checkpoints keep the default ``"zeros"``.
 
 Besides the training forward, the model implements the decode engine's token-model protocol
 (:class:`visualspec.engine.TokenModel`): ``prefill``, ``forward_window`` and ``crop`` over a
@@ -153,12 +156,13 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int) -> torch.Tensor:
+def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int, prefix: str = "zeros") -> torch.Tensor:
     """Rotary table (cls_token_num + grid_size**2, head_dim/2, 2) of (cos, sin).
 
     The head dimension is split in half: the first half of the rotated pairs turns with the image
     row, the second with the column, each with frequencies ``1 / base**(2i / (head_dim/2))``.
-    The conditioning prefix gets an all-zero table (LlamaGen's quirk).
+    The conditioning prefix gets an all-zero table (LlamaGen's quirk, ``prefix="zeros"``) or the
+    identity rotation cos 1, sin 0 (``prefix="identity"``).
     """
     half = head_dim // 2
     freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
@@ -167,7 +171,12 @@ def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int) -> t
     cols = angles[None, :, :].expand(grid_size, grid_size, -1)
     grid = torch.cat([rows, cols], dim=-1).reshape(grid_size * grid_size, -1)  # (grid^2, half)
     table = torch.stack([grid.cos(), grid.sin()], dim=-1)
-    return torch.cat([torch.zeros(cls_token_num, table.shape[1], 2), table])
+    head = torch.zeros(cls_token_num, table.shape[1], 2)
+    if prefix == "identity":
+        head[..., 0] = 1.0
+    elif prefix != "zeros":
+        raise ValueError(f"prefix_rope must be 'zeros' or 'identity', got {prefix!r}")
+    return torch.cat([head, table])
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -200,6 +209,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         class_dropout_prob: float = 0.1,
         cls_token_num: int = 1,
         block_size: int = 256,
+        prefix_rope: str = "zeros",
     ):
         super().__init__()
         if model_type not in ("c2i", "t2i"):
@@ -224,7 +234,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         )
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab_size, bias=False)
-        self.rope = rope_2d(math.isqrt(block_size), dim // n_head, rope_base, cls_token_num)
+        self.rope = rope_2d(math.isqrt(block_size), dim // n_head, rope_base, cls_token_num, prefix_rope)
         self._cache = None  # (k, v) tensors of shape (n_layer, B, H_kv, S_max, head_dim)
         self._key_valid = None  # (B, S_max) bool: False at padded caption positions
         self.initialize_weights()

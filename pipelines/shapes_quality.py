@@ -9,7 +9,8 @@ from visualspec.eval.geneval import ShapesDetector, evaluate_folder, read_geneva
 
 from ..models.shapes_features import ShapesFeatureNet
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"  # the repository's assets/ (editable install)
+SHAPES_T2I_DIR = ASSETS / "shapes-t2i"
 FEATURES_DIR = ASSETS / "shapes-fid"
 REFERENCE_STATS = FEATURES_DIR / "reference_stats.npz"
 

@@ -145,3 +145,34 @@ def test_weights_that_do_not_fit_the_config_get_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="could not load the pipeline.*") as info:
         VisualSpecPipeline.from_pretrained(tmp_path)
     assert "size" in str(info.value) or "shape" in str(info.value)
+
+
+def test_the_model_supplies_top_k_and_lantern_k_defaults(tmp_path):
+    from visualspec.pipelines.tiny import tiny_random_pipeline
+
+    pipe = tiny_random_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    pipe.register_to_config(default_top_k=1, default_lantern_k=7)
+    sampled = pipe("a photo of a red circle", decoding="ar", seed=3, output_type="latent").images
+    greedy = pipe("a photo of a red circle", decoding="ar", temperature=0, seed=3, output_type="latent").images
+    assert torch.equal(sampled, greedy)  # top-1 sampling is greedy: the default applied
+    pipe("a photo of a red circle", decoding="lantern", seed=0, output_type="latent")
+    assert [k for k, _ in pipe._neighbour_tables] == [7]
+    free = pipe("a photo of a red circle", decoding="ar", top_k=0, seed=3, output_type="latent").images
+    assert not torch.equal(free, greedy)  # an explicit top_k overrides the default
+    pipe.save_pretrained(tmp_path / "p")
+    loaded = type(pipe).from_pretrained(tmp_path / "p")
+    assert loaded.config.default_top_k == 1 and loaded.config.default_lantern_k == 7
+
+
+def test_prefix_rope_identity_keeps_the_caption_unrotated():
+    from visualspec.models.llamagen import LlamaGenGPT, rope_2d
+
+    zeros, identity = rope_2d(4, 16, 10000.0, 3), rope_2d(4, 16, 10000.0, 3, prefix="identity")
+    assert torch.all(zeros[:3] == 0) and torch.all(identity[:3, :, 0] == 1) and torch.all(identity[:3, :, 1] == 0)
+    assert torch.equal(zeros[3:], identity[3:])
+    with pytest.raises(ValueError, match="prefix_rope"):
+        LlamaGenGPT(vocab_size=16, dim=32, n_layer=1, n_head=2, block_size=16, prefix_rope="ones")
+    gpt = LlamaGenGPT(vocab_size=16, dim=32, n_layer=1, n_head=2, block_size=16, model_type="t2i", caption_dim=8,
+                      cls_token_num=3, prefix_rope="identity")
+    assert torch.equal(gpt.rope, rope_2d(4, 16, 10000.0, 3, prefix="identity"))

@@ -51,11 +51,12 @@ class ShapesTrainingConfig:
     gpt_dim: int = 256
     gpt_layers: int = 8
     gpt_heads: int = 4
-    gpt_steps: int = 2400
+    gpt_steps: int = 2800
     gpt_batch: int = 32
     gpt_lr: float = 6e-4
     warmup_steps: int = 100
     caption_dropout: float = 0.1
+    prefix_rope: str = "identity"  # content-aware attention to the caption (LlamaGen's own is "zeros")
     guidance_scale: float = 3.0
     checkpoint_seconds: float = 300.0
 
@@ -192,7 +193,7 @@ def build_text_and_gpt(cfg: ShapesTrainingConfig):
                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
     gpt = LlamaGenGPT(vocab_size=cfg.codebook_size, dim=cfg.gpt_dim, n_layer=cfg.gpt_layers, n_head=cfg.gpt_heads,
                       multiple_of=64, model_type="t2i", caption_dim=cfg.text_dim, cls_token_num=cfg.caption_tokens,
-                      block_size=256, class_dropout_prob=cfg.caption_dropout)
+                      block_size=256, class_dropout_prob=cfg.caption_dropout, prefix_rope=cfg.prefix_rope)
     return tokenizer, encoder, gpt
 
 
