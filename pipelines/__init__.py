@@ -2,5 +2,7 @@
 
 from .base import VisualSpecPipeline, register_pipeline
 from .llamagen import LlamaGenPipeline, VisualSpecImageOutput
+from .nfd import NextFramePipeline, VisualSpecVideoOutput, export_video
 
-__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "VisualSpecImageOutput"]
+__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "VisualSpecImageOutput",
+           "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]

@@ -61,4 +61,4 @@ def _first_line(err: Exception) -> str:
 
 
 def _import_all_pipelines():
-    from . import llamagen  # noqa: F401  (registers its classes)
+    from . import llamagen, nfd  # noqa: F401  (registers their classes)

@@ -98,3 +98,57 @@ def format_table(results: dict) -> str:
             line += f"{r['geneval_overall']:>9.3f}{r['fid_shapes']:>12.2f}"
         lines.append(line)
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ video
+
+VIDEO_CONFIGS = {
+    # name: (use_teacher, steps, speculate)
+    "teacher, 8 Euler steps": (True, 8, 1),
+    "distilled, 4 steps": (False, 4, 1),
+    "distilled, 1 step": (False, 1, 1),
+    "distilled, 1 step, speculate 4": (False, 1, 4),
+}
+
+
+def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0, configs: dict | None = None,
+                        persistence: float = 0.9) -> dict:
+    """Frames per second of each configuration at batch 1 on one action script (a person holding
+    keys: ``persistence``), interleaved round by round; speedups are ratios to the first config."""
+    from .worlds import arena
+
+    configs = configs or VIDEO_CONFIGS
+    actions = list(arena.random_actions(np.random.default_rng([seed, 3]), frames, persistence))
+    for use_teacher, steps, speculate in configs.values():  # warm-up
+        pipe(actions=actions[:8], seed=seed, use_teacher=use_teacher, steps=steps, speculate=speculate)
+    runs = {name: [] for name in configs}
+    for r in range(rounds):
+        for name, (use_teacher, steps, speculate) in configs.items():
+            out = pipe(actions=actions, seed=seed + r, use_teacher=use_teacher, steps=steps, speculate=speculate)
+            runs[name].append(out.stats)
+    base = None
+    results = {}
+    for name, stats in runs.items():
+        seconds = sum(s.seconds for s in stats)
+        fps = sum(s.frames for s in stats) / seconds
+        base = base or fps
+        hits, discarded = sum(s.hits for s in stats), sum(s.discarded for s in stats)
+        results[name] = {
+            "fps": round(fps, 1), "ms_per_frame": round(1000 / fps, 2), "speedup": round(fps / base, 2),
+            "forwards_per_frame": round(sum(s.model_forwards for s in stats) / sum(s.frames for s in stats), 3),
+            "hit_rate": round(hits / (hits + discarded), 3) if hits + discarded else None,
+            "p95_ms": round(1000 * float(np.percentile(np.concatenate([s.frame_seconds for s in stats]), 95)), 2),
+        }
+    return {"frames": frames, "rounds": rounds, "persistence": persistence,
+            "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                        "torch": torch.__version__},
+            "results": results, "table": format_video_table(results)}
+
+
+def format_video_table(results: dict) -> str:
+    lines = [f"{'configuration':<34}{'FPS':>8}{'ms/frame':>10}{'speedup':>9}{'fwd/frame':>11}{'hit rate':>10}"]
+    for name, r in results.items():
+        hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
+        lines.append(f"{name:<34}{r['fps']:>8.1f}{r['ms_per_frame']:>10.2f}{r['speedup']:>9.2f}"
+                     f"{r['forwards_per_frame']:>11.2f}{hit:>10}")
+    return "\n".join(lines)

@@ -5,6 +5,9 @@
     visualspec eval geneval images/          visualspec eval fid images/ --ref stats.npz
     visualspec bench --images 4 --json bench.json
     visualspec train-shapes --out assets/shapes-t2i
+    visualspec video --actions right,right,up --frames 60 -o play.mp4
+    visualspec bench-video --quality
+    visualspec train-arena --out assets/arena-nfd
     visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
 """
 
@@ -23,14 +26,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VISUALSPEC_HOME", Path.home() / ".cache" / "visualspec"))
 
 
-def shipped_model_dir() -> Path:
-    """Where the trained default model lives once it is shipped (``assets/`` of the repository)."""
-    return Path(__file__).resolve().parent.parent / "assets" / "shapes-t2i"
-
-
 def default_model() -> tuple[str, str]:
     """(folder, description) of the default model: the shipped one, else the tiny random one."""
-    shipped = shipped_model_dir()
+    from .pipelines.shapes_quality import SHAPES_T2I_DIR as shipped
+
     if (shipped / "model_index.json").is_file():
         return str(shipped), "shipped shapes model"
     from .pipelines.tiny import TINY_RANDOM_NAME, tiny_random_pipeline
@@ -208,15 +207,72 @@ def cmd_train_shapes(args) -> int:
     return 0
 
 
+def world_model(folder: str | None):
+    """The video pipeline: ``folder`` or the shipped arena world."""
+    from .pipelines import NextFramePipeline
+    from .pipelines.shapes_quality import ASSETS
+
+    folder = Path(folder) if folder else ASSETS / "arena-nfd"
+    if not (folder / "model_index.json").is_file():
+        raise SystemExit(f"no video pipeline in {folder} (train one with `visualspec train-arena --out {folder}`)")
+    pipe = NextFramePipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def cmd_video(args) -> int:
+    from .pipelines import export_video
+
+    pipe = world_model(args.model)
+    actions = args.actions.split(",") if args.actions else None
+    if actions and args.frames and len(actions) < args.frames:  # hold the last key
+        actions += [actions[-1]] * (args.frames - len(actions))
+    out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
+               speculate=args.speculate, use_teacher=args.teacher)
+    export_video(out.frames, args.output)
+    print(json.dumps(out.stats.to_dict(), indent=1) if args.stats else args.output)
+    return 0
+
+
+def cmd_bench_video(args) -> int:
+    from .bench import run_video_benchmark
+
+    pipe = world_model(args.model)
+    result = run_video_benchmark(pipe, frames=args.frames, rounds=args.rounds, seed=args.seed)
+    if args.quality:
+        from .eval.video import one_step_psnr, rollout_player_error
+
+        result["quality"] = {
+            "one_step": [one_step_psnr(pipe, episodes=args.episodes), one_step_psnr(pipe, args.episodes, use_teacher=True)],
+            "rollout_60": [rollout_player_error(pipe, episodes=args.episodes),
+                           rollout_player_error(pipe, episodes=args.episodes, speculate=4),
+                           rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)],
+        }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(result["table"])
+    if args.quality:
+        print(json.dumps(result["quality"], indent=1))
+    return 0
+
+
+def cmd_train_arena(args) -> int:
+    from .train_arena import train_arena
+
+    train_arena(args.out, args.work_dir)
+    print(args.out)
+    return 0
+
+
 def _add_decoding_args(p):
     p.add_argument("--model", help="pipeline folder (default: the shipped model, else a tiny random one)")
     p.add_argument("--guidance-scale", type=float, default=None)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-k", type=int, default=None, help="default: the model's own (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--window", type=int, default=16, help="tokens per target forward in speculative modes")
     p.add_argument("--jacobi-init", default="random", choices=["random", "repeat_left", "repeat_above"])
-    p.add_argument("--lantern-k", type=int, default=None)
+    p.add_argument("--lantern-k", type=int, default=None, help="default: the model's own")
     p.add_argument("--lantern-delta", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
 
@@ -275,6 +331,33 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train_shapes)
+
+    v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
+    v.add_argument("--model", help="video pipeline folder (default: the shipped arena model)")
+    v.add_argument("--actions", help="comma-separated actions (none, up, down, left, right); default: random keys")
+    v.add_argument("--frames", type=int, default=None, help="frames to generate (the last action is held)")
+    v.add_argument("--steps", type=int, default=None)
+    v.add_argument("--speculate", type=int, default=4, help="frames generated ahead while the action persists")
+    v.add_argument("--teacher", action="store_true", help="use the undistilled model")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--stats", action="store_true", help="print the statistics instead of the file name")
+    v.add_argument("-o", "--output", default="play.mp4")
+    v.set_defaults(func=cmd_video)
+
+    bv = sub.add_parser("bench-video", help="world model frames per second: teacher, distilled, speculation")
+    bv.add_argument("--model")
+    bv.add_argument("--frames", type=int, default=300)
+    bv.add_argument("--rounds", type=int, default=3)
+    bv.add_argument("--seed", type=int, default=0)
+    bv.add_argument("--quality", action="store_true", help="also one-step PSNR and 60-frame player rollouts")
+    bv.add_argument("--episodes", type=int, default=16)
+    bv.add_argument("--json", help="write the results here")
+    bv.set_defaults(func=cmd_bench_video)
+
+    ta = sub.add_parser("train-arena", help="train the arena-world video model")
+    ta.add_argument("--out", required=True, help="pipeline folder to write (e.g. assets/arena-nfd)")
+    ta.add_argument("--work-dir", default=str(cache_dir() / "train-arena"), help="checkpoints; rerun to resume")
+    ta.set_defaults(func=cmd_train_arena)
 
     c = sub.add_parser("convert-llamagen", help="official LlamaGen checkpoints -> pipeline folder")
     c.add_argument("--gpt", required=True, help="GPT checkpoint (.pt / consolidated.pth)")

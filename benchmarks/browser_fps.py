@@ -1,0 +1,90 @@
+"""Frames per second a real browser displays in the app's video tab, with one or several players.
+
+    python benchmarks/browser_fps.py --sessions 1,3 --seconds 10
+
+Starts the app (``app.py``) on a free local port, opens ``sessions`` pages in headless Chromium
+(Playwright; each page has its own browser context, hence its own world), presses Play and holds
+keys the way a person does (each page switches to a random arrow key about twice a second), and
+counts the frames each page actually drew during ``seconds`` seconds. Timings on shared machines are
+noisy, so this is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import app  # noqa: E402
+
+
+def open_video_tab(page, url: str, timeout_ms: int = 60_000) -> None:
+    page.goto(url)
+    page.get_by_role("tab", name="Video").click(timeout=timeout_ms)
+    page.click("#arena-play", timeout=timeout_ms)
+    page.wait_for_function("() => window.visualspecArena && window.visualspecArena.framesShown() > 2",
+                           timeout=timeout_ms)
+
+
+def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, world=None, seed: int = 0) -> dict:
+    import random
+
+    from playwright.sync_api import sync_playwright
+
+    from visualspec.cli import load_pipeline
+
+    chromium = app.find_chromium()
+    if chromium is None:
+        raise SystemExit("no Chromium found (Debian: apt-get install chromium)")
+    world_pipe = app.load_world(world)
+    if world_pipe is None:
+        raise SystemExit("no world model found (assets/arena-nfd or --world)")
+    application = app.build_app(load_pipeline(model), world_pipe)
+    rng = random.Random(seed)
+    results = {}
+    with app.serve(application) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        for n in sessions:
+            contexts = [browser.new_context() for _ in range(n)]
+            pages = [c.new_page() for c in contexts]
+            for page in pages:
+                open_video_tab(page, url)
+            start = [page.evaluate("() => window.visualspecArena.framesShown()") for page in pages]
+            t0 = time.time()
+            while time.time() - t0 < seconds:
+                for page in pages:
+                    page.evaluate(f"() => window.visualspecArena.send('{rng.choice(['up', 'down', 'left', 'right'])}')")
+                time.sleep(0.5)
+            elapsed = time.time() - t0
+            counts = [page.evaluate("() => window.visualspecArena.framesShown()") - s for page, s in zip(pages, start)]
+            results[f"{n} session{'s' if n > 1 else ''}"] = {
+                "fps_per_session": [round(c / elapsed, 1) for c in counts],
+                "mean_fps": round(sum(counts) / elapsed / n, 1),
+            }
+            for c in contexts:
+                c.close()
+            time.sleep(1.0)
+        browser.close()
+    return {"seconds": seconds, "results": results}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", default="1,3", help="comma-separated numbers of players")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--model", help="image pipeline folder (default: the shipped shapes model)")
+    parser.add_argument("--world", help="video pipeline folder (default: assets/arena-nfd)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    result = run_browser_benchmark([int(n) for n in args.sessions.split(",")], args.seconds, args.model, args.world)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""A Next-Frame Diffusion transformer (after NFD, Cheng et al. 2025), scaled down and readable.
+
+The model denoises video one latent frame at a time. Its sequence is frames of ``latent_size**2``
+tokens (one per latent pixel), and its attention is *block-wise causal*: a token sees every token
+of its own frame (bidirectional) and of earlier frames (causal across frames), so all tokens of the
+next frame are denoised in parallel.
+
+- Positions: 3D rotary embeddings, the rotated pairs of each head split between the frame index,
+  the latent row and the latent column. Rotary positions are relative, so a sliding window over
+  the past gives the same attention wherever the window is.
+- Conditioning: every frame has its own flow-matching time ``tau`` (0 = clean, 1 = noise;
+  diffusion forcing: frames of one sequence may sit at different noise levels) and the action that
+  led to it; their embeddings are summed and drive adaLN-zero (shift, scale and a zero-initialised
+  gate around attention and MLP) of that frame's tokens. Index ``num_actions`` means "no action"
+  (the first frame).
+- Memory: each frame sees at most ``context_frames`` earlier frames (a sliding window, the same in
+  training and generation).
+- Output: the flow-matching velocity ``noise - clean`` per token (``x_tau = (1 - tau) x0 + tau eps``).
+
+For generation the model keeps a :class:`FrameCache` of the past frames' keys and values: a forward
+over some new frames reads the cache and can append the first ``write`` of them (the clean frames
+just shown) to it. The sampling logic lives in :mod:`visualspec.video`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+
+
+def rope_3d(frames: torch.Tensor, size: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotary table (len(frames) * size**2, head_dim/2, 2) of (cos, sin) for the given frame indices.
+
+    Of the head_dim/2 rotated pairs a quarter turn with the frame index, and three eighths each
+    with the latent row and column.
+    """
+    pairs = head_dim // 2
+    n_t = pairs // 4
+    n_h = (pairs - n_t) // 2
+    n_w = pairs - n_t - n_h
+
+    def angles(pos, n):
+        freqs = 1.0 / (base ** (torch.arange(n, dtype=torch.float32) / n))
+        return pos.float()[:, None] * freqs[None]
+
+    t = frames.repeat_interleave(size * size)
+    rows = torch.arange(size).repeat_interleave(size).repeat(len(frames))
+    cols = torch.arange(size).repeat(size * len(frames))
+    a = torch.cat([angles(t, n_t), angles(rows, n_h), angles(cols, n_w)], dim=-1)
+    return torch.stack([a.cos(), a.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x (B, H, L, head_dim) by rope (L, head_dim/2, 2)."""
+    xp = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = rope[..., 0].to(x.device), rope[..., 1].to(x.device)
+    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+def timestep_embedding(tau: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal features (…, dim) of tau in [0, 1] (scaled by 1000 like diffusion timesteps)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=tau.device) / half)
+    args = tau.float()[..., None] * 1000.0 * freqs
+    return torch.cat([args.cos(), args.sin()], dim=-1)
+
+
+class FrameCache:
+    """Keys and values of the past (clean) frames, per layer, for a sliding window of frames."""
+
+    def __init__(self, num_layers: int, max_frames: int):
+        self.max_frames = max_frames
+        self.keys = [None] * num_layers
+        self.values = [None] * num_layers
+        self.frames = 0  # frames currently held
+        self.next_frame = 0  # absolute index of the next frame to be written
+
+    def read(self, layer: int):
+        return self.keys[layer], self.values[layer]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, tokens_per_frame: int) -> None:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        keep = self.max_frames * tokens_per_frame
+        self.keys[layer], self.values[layer] = k[:, :, -keep:], v[:, :, -keep:]
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+
+    def attention(self, x, rope, mask, cache: FrameCache | None, layer: int, write_tokens: int,
+                  tokens_per_frame: int):
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        keys, values = k, v
+        if cache is not None:
+            past_k, past_v = cache.read(layer)
+            if past_k is not None:
+                keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+            if write_tokens:
+                cache.write(layer, k[:, :, :write_tokens], v[:, :, :write_tokens], tokens_per_frame)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.proj(out.transpose(1, 2).reshape(B, L, D))
+
+    def forward(self, x, c, rope, mask, cache=None, layer=0, write_tokens=0, tokens_per_frame=1):
+        """x (B, L, D); c (B, L, 6D) the per-token modulation (already projected)."""
+        shift1, scale1, gate1, shift2, scale2, gate2 = c.chunk(6, dim=-1)
+        h = self.norm1(x) * (1 + scale1) + shift1
+        x = x + gate1 * self.attention(h, rope, mask, cache, layer, write_tokens, tokens_per_frame)
+        h = self.norm2(x) * (1 + scale2) + shift2
+        return x + gate2 * self.mlp(h)
+
+
+class NextFrameDiT(ModelMixin, ConfigMixin):
+    """Action-conditioned, block-causal flow-matching transformer over latent frames."""
+
+    @register_to_config
+    def __init__(self, latent_channels: int = 8, latent_size: int = 8, dim: int = 192, depth: int = 6,
+                 num_heads: int = 3, mlp_ratio: float = 4.0, num_actions: int = 5, context_frames: int = 4,
+                 rope_base: float = 10000.0):
+        super().__init__()
+        if dim % num_heads or (dim // num_heads) % 8:
+            raise ValueError(f"dim {dim} / num_heads {num_heads} must give a head size divisible by 8")
+        self.x_embed = nn.Linear(latent_channels, dim)
+        self.t_embed = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.action_embed = nn.Embedding(num_actions + 1, dim)
+        self.blocks = nn.ModuleList(DiTBlock(dim, num_heads, mlp_ratio) for _ in range(depth))
+        self.final_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.final_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.final = nn.Linear(dim, latent_channels)
+        self.initialize_weights()
+
+    def initialize_weights(self):
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.action_embed.weight, std=0.02)
+        for block in self.blocks:  # adaLN-zero: every block starts as the identity
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        nn.init.zeros_(self.final_modulation[-1].weight)
+        nn.init.zeros_(self.final_modulation[-1].bias)
+        nn.init.zeros_(self.final.weight)
+        nn.init.zeros_(self.final.bias)
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return self.config.latent_size ** 2
+
+    @property
+    def no_action(self) -> int:
+        return self.config.num_actions
+
+    def attention_mask(self, past: int, frames: int) -> torch.Tensor:
+        """(L, S) bool for ``frames`` new frames after ``past`` cached ones: block-causal, and each
+        frame sees at most ``context_frames`` frames before its own (a sliding window)."""
+        T = self.tokens_per_frame
+        query = (torch.arange(frames) + past).repeat_interleave(T)[:, None]
+        key = torch.arange(past + frames).repeat_interleave(T)[None, :]
+        return (key <= query) & (key >= query - self.config.context_frames)
+
+    def new_cache(self) -> FrameCache:
+        return FrameCache(len(self.blocks), self.config.context_frames)
+
+    def forward(self, latents: torch.Tensor, taus: torch.Tensor, actions: torch.Tensor,
+                cache: FrameCache | None = None, write: int = 0) -> torch.Tensor:
+        """Velocity (B, F, C, h, w) for latent frames (B, F, C, h, w) at times ``taus`` (B, F) after
+        ``actions`` (B, F) (index ``num_actions`` = none yet).
+
+        Without a cache the F frames are a whole training sequence (block-causal). With a cache
+        they follow the cached frames; the first ``write`` of them are appended to the cache.
+        """
+        B, Fr, C, h, w = latents.shape
+        T = self.tokens_per_frame
+        if (h, w) != (self.config.latent_size,) * 2 or C != self.config.latent_channels:
+            raise ValueError(f"expected latents (B, F, {self.config.latent_channels}, {self.config.latent_size}, "
+                             f"{self.config.latent_size}), got {tuple(latents.shape)}")
+        if not 0 <= write <= Fr:
+            raise ValueError(f"write must be in [0, {Fr}], got {write}")
+        past = cache.frames if cache is not None else 0
+        start = cache.next_frame if cache is not None else 0
+        x = self.x_embed(latents.permute(0, 1, 3, 4, 2).reshape(B, Fr * T, C))
+        cond = self.t_embed(timestep_embedding(taus, x.shape[-1])) + self.action_embed(actions)  # (B, F, D)
+
+        # cached keys were rotated when written, so only the new frames need their rotary table
+        rope = rope_3d(torch.arange(start, start + Fr), self.config.latent_size,
+                       x.shape[-1] // self.config.num_heads, self.config.rope_base)
+        mask = self.attention_mask(past, Fr).to(x.device)
+        for i, block in enumerate(self.blocks):
+            c = block.adaLN_modulation(cond).repeat_interleave(T, dim=1)
+            x = block(x, c, rope, mask, cache, i, write * T, T)
+        shift, scale = self.final_modulation(cond).repeat_interleave(T, dim=1).chunk(2, dim=-1)
+        out = self.final(self.final_norm(x) * (1 + scale) + shift)
+        if cache is not None and write:
+            cache.frames = min(cache.frames + write, cache.max_frames)
+            cache.next_frame += write
+        return out.view(B, Fr, h, w, C).permute(0, 1, 4, 2, 3)
