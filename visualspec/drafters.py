@@ -159,3 +159,45 @@ class DraftModelDrafter(Drafter):
         # drafts at positions n..n+committed-2 were accepted; the last committed token may differ
         self.consumed = min(self.consumed, n + committed - 1)
         self.model.crop(self.consumed)
+
+
+class NGramDrafter(Drafter):
+    """Prompt-lookup (n-gram) drafting: no model at all (Saxena 2023; transformers'
+    ``prompt_lookup_num_tokens``; vLLM's n-gram proposer).
+
+    For each row, the last ``n`` tokens of the context (prompt + committed tokens) are searched for
+    in the earlier context, longest n first (``max_ngram`` down to ``min_ngram``), most recent match
+    first; the tokens that followed the match are the drafts. Drafts are deterministic, so they
+    are point masses for verification (accept with probability p(x)). Where nothing matches (or
+    the continuation is shorter than k) the last token is repeated.
+    """
+
+    def __init__(self, prompts, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.prompts = [list(map(int, p)) for p in prompts]
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def start(self, batch_size, num_tokens, sampling, generator):
+        if len(self.prompts) != batch_size:
+            raise ValueError(f"NGramDrafter has {len(self.prompts)} prompts for a batch of {batch_size}")
+
+    def propose(self, tokens, n, k):
+        B = tokens.shape[0]
+        drafts = tokens.new_empty(B, k)
+        generated = tokens[:, :n].tolist()
+        for b in range(B):
+            drafts[b] = torch.tensor(self.lookup(self.prompts[b] + generated[b], k), dtype=tokens.dtype)
+        return drafts, None
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        """The k tokens that followed the latest earlier occurrence of the context's last n-gram."""
+        if k == 0:
+            return []
+        for size in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            pattern = context[-size:]
+            for start in range(len(context) - size - 1, -1, -1):  # most recent match first
+                if context[start:start + size] == pattern:
+                    follow = context[start + size:start + size + k]
+                    return follow + [follow[-1]] * (k - len(follow))
+        return [context[-1]] * k

@@ -17,7 +17,8 @@ emit at position ``a`` (the residual sample after a rejection, or the bonus toke
 ``target_probs[:, K]`` when all K were accepted). A decode step therefore commits ``a + 1`` tokens.
 
 Lossless rules (:func:`speculative_verify`, :func:`greedy_verify`) emit sequences with exactly the
-target's distribution; :func:`lantern_verify` is lossy with a per-step total-variation budget.
+target's distribution; :func:`lantern_verify` is lossy with a per-step total-variation budget, and
+:func:`typical_verify` (Medusa's typical acceptance) is lossy without one.
 """
 
 from __future__ import annotations
@@ -125,6 +126,27 @@ def greedy_verify(draft_tokens, draft_probs, target_probs, generator: Generator 
     best = target_probs.argmax(-1)  # (B, K+1)
     a = _first_rejection(draft_tokens == best[:, :K])
     return Verdict(a, _row_at(best, a))
+
+
+def typical_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,
+                   epsilon: float = 0.09, delta: float = 0.3) -> Verdict:
+    """Typical acceptance (Medusa, Cai et al. 2024). Lossy.
+
+    Accept draft x_i while ``p_i(x_i) > min(epsilon, delta * exp(-H(p_i)))``, with H the entropy
+    of p_i in nats: a draft is kept when the target finds it typical enough, whatever q was. At the
+    first rejection emit a sample from p_a itself (or the bonus from p_K). With temperature 0 (a
+    point-mass p) this accepts exactly the argmax prefix; otherwise the output law differs from the
+    target's, and by how much is measured, not bounded.
+    """
+    K = draft_tokens.shape[1]
+    if K == 0:
+        return _autoregressive_step(target_probs, generator)
+    p = target_probs[:, :-1]
+    entropy = -(p * p.clamp(min=1e-30).log()).sum(-1)
+    threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
+    p_x = p.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    a = _first_rejection(p_x > threshold)
+    return _emit(a, _row_at(target_probs, a.clamp(max=K - 1)), target_probs, generator)
 
 
 # ----------------------------------------------------------------------------------------------
