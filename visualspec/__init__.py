@@ -9,8 +9,10 @@ __version__ = "0.1.0"
 from .engine import TokenModel, decode  # noqa: E402
 from .sampling import SamplingConfig  # noqa: E402
 from .stats import DecodeStats  # noqa: E402
+from .text import TextOutput, generate_text  # noqa: E402
 
-__all__ = ["VisualSpecPipeline", "SamplingConfig", "DecodeStats", "TokenModel", "decode"]
+__all__ = ["VisualSpecPipeline", "SamplingConfig", "DecodeStats", "TokenModel", "decode", "generate_text",
+           "TextOutput"]
 
 
 def __getattr__(name):
