@@ -15,7 +15,7 @@ Three stages on seeded episodes of the arena world (:mod:`visualspec.worlds.aren
    the student's clean estimate ``x - tau v`` at tau_n is pulled to an EMA copy's estimate at
    tau_{n-1} (the estimate at tau = 0 is the input itself, the boundary condition).
 
-The pipeline folder stores all three models in float16 (about 18 MB). Checkpoints (safetensors + JSON) go to ``--work-dir`` every few minutes; rerunning resumes. A GPU
+The pipeline folder stores all three models in float16 (about 8 MB). Checkpoints (safetensors + JSON) go to ``--work-dir`` every few minutes; rerunning resumes. A GPU
 is used when present; on a CPU the transformer trains in bfloat16 autocast.
 """
 
@@ -41,20 +41,20 @@ class ArenaTrainingConfig:
     # autoencoder
     ae_channels: tuple = (32, 64, 64)
     latent_channels: int = 8
-    ae_steps: int = 2000
-    ae_batch: int = 32
+    ae_steps: int = 1200
+    ae_batch: int = 16
     ae_lr: float = 1e-3
     # episodes whose latents the transformer trains on
     episodes: int = 2000
     episode_frames: int = 48
     # next-frame transformer
-    dim: int = 192
+    dim: int = 128
     depth: int = 6
-    heads: int = 3
+    heads: int = 2
     context_frames: int = 4
     window: int = 8  # frames per training sequence
     max_speculate: int = 4
-    steps: int = 3000
+    steps: int = 4000
     batch: int = 16
     lr: float = 5e-4
     warmup_steps: int = 100
