@@ -113,7 +113,7 @@ def relative_position(box_a, box_b, threshold: float = POSITION_THRESHOLD) -> se
 # ------------------------------------------------------------------------------------ prompts
 
 
-def _a(noun: str) -> str:
+def with_article(noun: str) -> str:
     return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
 
 
@@ -123,28 +123,28 @@ def prompt_metadata(task: str, rng: np.random.Generator) -> dict:
     color = lambda: str(rng.choice(list(COLORS)))  # noqa: E731
     if task == "single_object":
         s = shape()
-        return {"tag": task, "include": [{"class": s, "count": 1}], "prompt": f"a photo of {_a(s)}"}
+        return {"tag": task, "include": [{"class": s, "count": 1}], "prompt": f"a photo of {with_article(s)}"}
     if task == "two_object":
         s1, s2 = (str(x) for x in rng.choice(SHAPES, 2, replace=False))
         return {"tag": task, "include": [{"class": s1, "count": 1}, {"class": s2, "count": 1}],
-                "prompt": f"a photo of {_a(s1)} and {_a(s2)}"}
+                "prompt": f"a photo of {with_article(s1)} and {with_article(s2)}"}
     if task == "counting":
         s, n = shape(), int(rng.integers(2, 5))
         return {"tag": task, "include": [{"class": s, "count": n}], "exclude": [{"class": s, "count": n + 1}],
                 "prompt": f"a photo of {NUMBERS[n]} {PLURALS[s]}"}
     if task == "colors":
         s, c = shape(), color()
-        return {"tag": task, "include": [{"class": s, "count": 1, "color": c}], "prompt": f"a photo of {_a(c + ' ' + s)}"}
+        return {"tag": task, "include": [{"class": s, "count": 1, "color": c}], "prompt": f"a photo of {with_article(c + ' ' + s)}"}
     if task == "position":
         s1, s2 = (str(x) for x in rng.choice(SHAPES, 2, replace=False))  # s1 <relation> s2
         rel = str(rng.choice(RELATIONS))
         return {"tag": task, "include": [{"class": s2, "count": 1}, {"class": s1, "count": 1, "position": [rel, 0]}],
-                "prompt": f"a photo of {_a(s1)} {rel} {_a(s2)}"}
+                "prompt": f"a photo of {with_article(s1)} {rel} {with_article(s2)}"}
     if task == "color_attr":
         s1, s2 = (str(x) for x in rng.choice(SHAPES, 2, replace=False))
         c1, c2 = (str(x) for x in rng.choice(list(COLORS), 2, replace=False))
         return {"tag": task, "include": [{"class": s1, "count": 1, "color": c1}, {"class": s2, "count": 1, "color": c2}],
-                "prompt": f"a photo of {_a(c1 + ' ' + s1)} and {_a(c2 + ' ' + s2)}"}
+                "prompt": f"a photo of {with_article(c1 + ' ' + s1)} and {with_article(c2 + ' ' + s2)}"}
     raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
 
 
@@ -169,7 +169,7 @@ def _apart(box, others) -> bool:
     return all(x1 + GAP <= b[0] or b[2] + GAP <= x0 or y1 + GAP <= b[1] or b[3] + GAP <= y0 for b in others)
 
 
-def _clear_relation(box_a, box_b, relation) -> bool:
+def clear_relation(box_a, box_b, relation) -> bool:
     """The relation holds under GenEval's rule with a margin, and no perpendicular relation does."""
     rels = relative_position(box_a, box_b)
     tight = relative_position(box_a, box_b, threshold=POSITION_THRESHOLD + 0.15)
@@ -199,7 +199,7 @@ def sample_scene(metadata: dict, rng: np.random.Generator, max_tries: int = 1000
             continue
         if relation is not None:
             a, b, rel = relation  # include clauses with count 1: object index == clause index
-            if not _clear_relation(boxes[a], boxes[b], rel):
+            if not clear_relation(boxes[a], boxes[b], rel):
                 continue
         colors = [c if c is not None else str(rng.choice(list(COLORS))) for _, c in wanted]
         return [ShapeObject(s, c, box) for (s, _), c, box in zip(wanted, colors, boxes)]
