@@ -8,6 +8,7 @@
     visualspec video --actions right,right,up --frames 60 -o play.mp4
     visualspec bench-video --quality
     visualspec train-arena --out assets/arena-nfd
+    visualspec train-text --out assets/text-pair
     visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
 """
 
@@ -264,6 +265,27 @@ def cmd_train_arena(args) -> int:
     return 0
 
 
+def cmd_bench_text(args) -> int:
+    from .bench_text import multidraft_gap, run_text_benchmark
+
+    result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window)
+    if args.multidraft_gap:
+        result["multidraft_gap"] = multidraft_gap(args.pair)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def cmd_train_text(args) -> int:
+    from .train_text import train_text_pair
+
+    train_text_pair(args.out, args.work_dir)
+    print(args.out)
+    return 0
+
+
 def _add_decoding_args(p):
     p.add_argument("--model", help="pipeline folder (default: the shipped model, else a tiny random one)")
     p.add_argument("--guidance-scale", type=float, default=None)
@@ -358,6 +380,20 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--out", required=True, help="pipeline folder to write (e.g. assets/arena-nfd)")
     ta.add_argument("--work-dir", default=str(cache_dir() / "train-arena"), help="checkpoints; rerun to resume")
     ta.set_defaults(func=cmd_train_arena)
+
+    bt = sub.add_parser("bench-text", help="text speculative decoding vs transformers' generate and assisted generation")
+    bt.add_argument("--pair", default="assets/text-pair", help="folder written by train-text")
+    bt.add_argument("--prompts", type=int, default=8)
+    bt.add_argument("--new-tokens", type=int, default=128)
+    bt.add_argument("--window", type=int, default=6)
+    bt.add_argument("--multidraft-gap", action="store_true", help="also the multi-draft verifiers vs the optimum")
+    bt.add_argument("--json", help="write the results here")
+    bt.set_defaults(func=cmd_bench_text)
+
+    tt = sub.add_parser("train-text", help="train a target and draft LM pair on the Python standard library")
+    tt.add_argument("--out", required=True, help="folder to write (tokenizer/, target/, draft/)")
+    tt.add_argument("--work-dir", default=str(cache_dir() / "train-text"), help="checkpoints; rerun to resume")
+    tt.set_defaults(func=cmd_train_text)
 
     c = sub.add_parser("convert-llamagen", help="official LlamaGen checkpoints -> pipeline folder")
     c.add_argument("--gpt", required=True, help="GPT checkpoint (.pt / consolidated.pth)")

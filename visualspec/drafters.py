@@ -4,9 +4,18 @@ A drafter proposes up to ``k`` tokens after the ``n`` committed ones and says, f
 distribution q it was sampled from (``None`` when every draft is deterministic). After the target
 has verified them, :meth:`Drafter.observe` tells the drafter what happened, so that self-drafting
 (Jacobi) can reuse the target's own predictions and a draft model can roll its cache back.
+
+Model-free drafters: :class:`NGramDrafter` (prompt lookup, deterministic drafts) and
+:class:`StandDrafter` (a stochastic n-gram memory of the target's own distributions). Draft-model
+drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft model whose LM head is
+restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections import Counter, OrderedDict
+from typing import Iterable, Sequence
 
 import torch
 
@@ -117,9 +126,12 @@ class DraftModelDrafter(Drafter):
     the target. After verification its cache is cropped back to the accepted prefix.
     """
 
-    def __init__(self, model, prefix):
+    def __init__(self, model, prefix, tree_scheme: str = "without_replacement"):
+        if tree_scheme not in ("without_replacement", "iid"):
+            raise ValueError(f"unknown tree scheme {tree_scheme!r}; choose 'without_replacement' or 'iid'")
         self.model = model
         self.prefix = prefix
+        self.tree_scheme = tree_scheme
         self._forwards = 0
 
     @property
@@ -147,7 +159,7 @@ class DraftModelDrafter(Drafter):
         # catch up on committed tokens the draft model has not seen (at least x_{n-1})
         logits = self._forward(tokens[:, self.consumed:n], self.consumed)
         for j in range(k):
-            q = self.sampling.probs(logits)
+            q = self._draft_probs(logits)
             drafts[:, j] = q.argmax(-1) if self.sampling.greedy else sample(q, self.generator)
             probs.append(q)
             if j + 1 < k:
@@ -155,10 +167,49 @@ class DraftModelDrafter(Drafter):
         self.consumed = n + k - 1
         return drafts, (torch.stack(probs, 1) if probs else None)
 
+    def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft distribution q (B, V) that a draft is sampled from, given the model's logits."""
+        return self.sampling.probs(logits)
+
+    def _top_tokens(self, logits: torch.Tensor, k: int) -> torch.Tensor:
+        """The k most likely draft tokens (B, k), best first (greedy tree drafting)."""
+        return logits.topk(k, -1).indices
+
     def observe(self, n, committed, target_probs):
         # drafts at positions n..n+committed-2 were accepted; the last committed token may differ
         self.consumed = min(self.consumed, n + committed - 1)
         self.model.crop(self.consumed)
+
+    def propose_tree(self, tokens, n, branches: int, depth: int):
+        """``branches`` chains of ``depth`` tokens for tree verification
+        (:func:`visualspec.engine.decode_tree`): the first tokens are drawn from the draft's q by
+        ``self.tree_scheme`` ("without_replacement", Gumbel-top-k, or "iid"; the top tokens at
+        temperature 0), and each chain continues autoregressively, all chains in one batch (the
+        draft model needs ``branch``/``unbranch``, as :class:`visualspec.hf.HFCausalLM` has)."""
+        from .multidraft import DraftTree, gumbel_top_k, iid_drafts
+
+        B = tokens.shape[0]
+        logits = self._forward(tokens[:, self.consumed:n], self.consumed)  # the cache now holds positions < n
+        self.consumed = n
+        if self.sampling.greedy:
+            first, first_q, scheme = self._top_tokens(logits, branches), None, "greedy"
+        else:
+            first_q, scheme = self._draft_probs(logits), self.tree_scheme
+            first = gumbel_top_k(first_q.log(), branches, self.generator) if scheme == "without_replacement" \
+                else iid_drafts(first_q, branches, self.generator)
+        chain, chain_q = [first.reshape(-1)], []
+        if depth > 1:
+            saved = self.model.branch(branches)
+            for d in range(1, depth):
+                logits = self._forward(chain[-1][:, None], n + d - 1)
+                q = self._draft_probs(logits)
+                chain.append(q.argmax(-1) if self.sampling.greedy else sample(q, self.generator))
+                chain_q.append(q)
+            self.model.unbranch(saved)
+        tokens_tree = torch.stack(chain, 1).view(B, branches, depth)
+        q_tree = None if self.sampling.greedy or depth == 1 else \
+            torch.stack(chain_q, 1).view(B, branches, depth - 1, -1)
+        return DraftTree(tokens_tree, first_q, q_tree, scheme)
 
 
 class NGramDrafter(Drafter):
@@ -201,3 +252,287 @@ class NGramDrafter(Drafter):
                     follow = context[start + size:start + size + k]
                     return follow + [follow[-1]] * (k - len(follow))
         return [context[-1]] * k
+
+
+# ----------------------------------------------------------------------------------------------
+# VocabTrim: a draft model whose LM head covers a kept set of tokens only
+# ----------------------------------------------------------------------------------------------
+
+
+def kept_token_ids(ids, vocab_size: int) -> torch.Tensor:
+    """Check a set of token ids to keep and return it as a sorted, duplicate-free 1-D long tensor.
+
+    ``ids`` is a sequence or a 1-D integer tensor; a ValueError names an empty set, a non-integer
+    id and an id outside ``[0, vocab_size)``.
+    """
+    t = ids.detach().cpu() if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=None)
+    if t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+        raise ValueError(f"kept token ids must be integers, got {t.dtype}")
+    t = t.long()
+    if t.dim() != 1:
+        raise ValueError(f"kept token ids must be a 1-D list of ids, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError("the kept token set (draft vocabulary) is empty")
+    lo, hi = int(t.min()), int(t.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"kept token id {bad} is out of range for a vocabulary of {vocab_size} tokens")
+    return torch.unique(t)
+
+
+def frequent_tokens(token_id_lists: Iterable[Sequence[int]], size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The ``size`` most frequent token ids of calibration text, for :class:`VocabTrimDrafter`.
+
+    ``token_id_lists`` are tokenized texts (lists or 1-D tensors of ids), ideally text generated by
+    the target itself (VocabTrim's calibration). The ids in ``always`` (e.g. the EOS id) are kept
+    whatever their count and count toward ``size``; the rest are the most frequent ids, ties broken
+    by the smaller id. Returns a sorted 1-D long tensor of at most ``size`` ids (fewer when the text
+    has fewer distinct ids).
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be an integer >= 1, got {size!r}")
+    always = list(dict.fromkeys(int(t) for t in always))
+    if len(always) > size:
+        raise ValueError(f"{len(always)} ids must always be kept, more than size={size}")
+    counts: Counter = Counter()
+    for ids in token_id_lists:
+        counts.update(int(t) for t in (ids.flatten().tolist() if isinstance(ids, torch.Tensor) else ids))
+    if any(t < 0 for t in list(counts) + always):
+        raise ValueError("token ids must be >= 0")
+    chosen = set(always)
+    ranked = [t for t in sorted(counts, key=lambda t: (-counts[t], t)) if t not in chosen]
+    return torch.tensor(sorted(always + ranked[: size - len(always)]), dtype=torch.long)
+
+
+class VocabTrimDrafter(DraftModelDrafter):
+    """A draft model with its LM head restricted to a kept set of target tokens (VocabTrim,
+    Goel et al. 2025).
+
+    Only the rows of the output embedding for the kept ids ``keep`` (K of the V tokens, e.g. the
+    most frequent ones: :func:`frequent_tokens`) are computed, which makes the draft's head K/V as
+    expensive. Their logits are scattered into a full-vocabulary tensor filled with ``-inf``, and q
+    is ``sampling.probs`` of that tensor (guidance applied to the kept logits first). So q is
+    exactly zero outside the kept set, every draft is a kept token, and exact verification stays
+    lossless: a target token outside the kept set can still be emitted, from the residual.
+
+    ``model`` is a token model of the full vocabulary (``vocab_size`` V). When it has ``head_rows``
+    (:class:`visualspec.hf.HFCausalLM` built with ``head_rows=keep``) its logits are already the K
+    kept columns, in the order of ``keep`` (sorted ids); otherwise it returns full logits and the
+    kept columns are picked from them (the same q, without the cheaper head).
+    """
+
+    def __init__(self, model, prefix, keep, vocab_size: int | None = None):
+        super().__init__(model, prefix)
+        self.vocab_size = int(vocab_size if vocab_size is not None else model.vocab_size)
+        self.keep = kept_token_ids(keep, self.vocab_size)
+        rows = getattr(model, "head_rows", None)
+        self.trimmed_head = rows is not None
+        if self.trimmed_head and not torch.equal(torch.as_tensor(rows).cpu().long(), self.keep):
+            raise ValueError("the draft model's head rows differ from the kept token ids (pass sorted, unique ids)")
+
+    def start(self, batch_size, num_tokens, sampling, generator):
+        super().start(batch_size, num_tokens, sampling, generator)
+        self._unguided = dataclasses.replace(sampling, guidance_scale=1.0)
+
+    def _top_tokens(self, logits, k):
+        keep = self.keep.to(logits.device)
+        kept = logits if self.trimmed_head else logits.index_select(-1, keep)
+        return keep[kept.topk(k, -1).indices]
+
+    def _draft_probs(self, logits):
+        keep = self.keep.to(logits.device)
+        kept = logits if self.trimmed_head else logits.index_select(-1, keep)
+        kept = self.sampling.guide(kept)  # [cond; uncond] -> B rows, on finite logits only
+        full = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))
+        return self._unguided.probs(full.index_copy_(-1, keep, kept))
+
+
+# ----------------------------------------------------------------------------------------------
+# STAND: stochastic drafting from an n-gram memory of the target's distributions
+# ----------------------------------------------------------------------------------------------
+
+
+class StandDrafter(Drafter):
+    """Stochastic drafting from a logit n-gram memory, after STAND (Song et al. 2025). Model-free.
+
+    **Memory.** Each batch row keeps a table (an LRU ``OrderedDict`` of at most ``max_entries``
+    entries) from a context, the last n tokens for every n in 1..``max_ngram``, to a sparse
+    distribution: at most ``top_m`` token ids with weights w. An observation of a distribution d
+    after a context adds d's ``top_m`` largest probabilities to that context's weights, for each of
+    its n suffixes; the entry then keeps its ``top_m`` heaviest tokens (ties: smaller id). Weights
+    are therefore a running sum of the target's distributions after that context, truncated to the
+    top ``top_m``. The table is seeded from the prompt, each prompt token adding weight 1 (a point
+    mass) after its contexts, and learns from the target's own verification distributions: for
+    every committed position, ``target_probs`` at that position (given to :meth:`observe`) is
+    stored after the committed context before it (the first generated token, which has none,
+    adds a point mass). Entries used or updated least recently are evicted first.
+
+    **Drafting.** For draft j the context is the committed tokens plus drafts 0..j-1; its longest
+    suffix in the table gives the draft distribution ``q(x) = w(x) / sum(w)`` over the stored ids
+    (zero elsewhere), and the draft is sampled from exactly that q, which :meth:`propose` returns
+    (B, k, V) so that :func:`visualspec.verify.speculative_verify` stays lossless. With no stored
+    suffix the draft repeats the last token as a point mass. At temperature 0 the draft is
+    ``argmax q`` (ties: smaller id) and the drafts are returned as point masses (``None``).
+
+    :meth:`propose_tree` drafts a tree for tree verification: ``branches`` distinct first tokens
+    drawn from q without replacement (Gumbel-top-k), each followed by a chain.
+    """
+
+    def __init__(self, prompts, vocab_size: int, max_ngram: int = 3, top_m: int = 8, max_entries: int = 65536):
+        for name, value in (("vocab_size", vocab_size), ("max_ngram", max_ngram), ("top_m", top_m),
+                            ("max_entries", max_entries)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.prompts = [list(map(int, p)) for p in prompts]
+        for p in self.prompts:
+            if p and not (0 <= min(p) and max(p) < vocab_size):
+                raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got {p}")
+        self.vocab_size, self.max_ngram, self.top_m, self.max_entries = vocab_size, max_ngram, top_m, max_entries
+        self.tables: list[OrderedDict] = []
+
+    # -- the memory -----------------------------------------------------------------------------
+
+    def start(self, batch_size, num_tokens, sampling, generator):
+        if len(self.prompts) != batch_size:
+            raise ValueError(f"StandDrafter has {len(self.prompts)} prompts for a batch of {batch_size}")
+        self.sampling, self.generator = sampling, generator
+        self.tables = [OrderedDict() for _ in self.prompts]
+        self.learned = 0  # generated positions [0, learned) are in the tables
+        self.pending = {}  # position -> (ids per row, probabilities per row), from observe
+        for table, p in zip(self.tables, self.prompts):
+            for t in range(1, len(p)):
+                self._learn(table, p[max(0, t - self.max_ngram):t], [(p[t], 1.0)])
+
+    def _learn(self, table: OrderedDict, context: list, items: list) -> None:
+        """Add weights ``items`` [(token, weight)] after every suffix of ``context``."""
+        for size in range(1, min(self.max_ngram, len(context)) + 1):
+            key = tuple(context[-size:])
+            entry = table.pop(key, None) or {}  # re-inserted below: now the most recently used
+            for t, w in items:
+                entry[t] = entry.get(t, 0.0) + w
+            if len(entry) > self.top_m:
+                entry = dict(sorted(entry.items(), key=lambda tw: (-tw[1], tw[0]))[: self.top_m])
+            table[key] = entry
+        while len(table) > self.max_entries:
+            table.popitem(last=False)
+
+    def _lookup(self, table: OrderedDict, context: list):
+        """The entry of the longest suffix of ``context`` stored in ``table``, or None."""
+        for size in range(min(self.max_ngram, len(context)), 0, -1):
+            key = tuple(context[-size:])
+            entry = table.get(key)
+            if entry is not None:
+                table.move_to_end(key)
+                return entry
+        return None
+
+    def observe(self, n, committed, target_probs):
+        # positions n..n+committed-1 follow committed tokens only; store their top_m, learned at
+        # the next propose (which sees the committed tokens)
+        vals, ids = target_probs[:, :committed].topk(min(self.top_m, target_probs.shape[-1]), dim=-1)
+        vals, ids = vals.tolist(), ids.tolist()
+        for j in range(committed):
+            self.pending[n + j] = ([row[j] for row in ids], [row[j] for row in vals])
+
+    def _catch_up(self, tokens: torch.Tensor, n: int) -> None:
+        """Learn the generated positions [learned, n) from the committed ``tokens[:, :n]``."""
+        if n <= self.learned:
+            return
+        lo = max(0, self.learned - self.max_ngram)
+        rows = tokens[:, lo:n].tolist()
+        for b, table in enumerate(self.tables):
+            recent = (self.prompts[b][-self.max_ngram:] if lo == 0 else []) + rows[b]
+            offset = len(recent) - (n - lo)  # recent[offset + g - lo] is generated token g
+            for pos in range(self.learned, n):
+                at = offset + pos - lo
+                dist = self.pending.get(pos)
+                items = [(recent[at], 1.0)] if dist is None else [
+                    (t, w) for t, w in zip(dist[0][b], dist[1][b]) if w > 0]
+                self._learn(table, recent[max(0, at - self.max_ngram):at], items)
+        self.pending = {pos: d for pos, d in self.pending.items() if pos >= n}
+        self.learned = n
+
+    def _contexts(self, tokens: torch.Tensor, n: int) -> list:
+        """The last ``max_ngram`` tokens of prompt + ``tokens[:, :n]``, per row."""
+        out = []
+        for b, gen in enumerate(tokens[:, max(0, n - self.max_ngram):n].tolist()):
+            need = self.max_ngram - len(gen)
+            out.append((self.prompts[b][-need:] if need > 0 else []) + gen)
+        return out
+
+    # -- drafting -------------------------------------------------------------------------------
+
+    def _dense(self, tables: list, contexts: list, device) -> torch.Tensor:
+        """q (R, V) for contexts[i] looked up in tables[i]: the normalised entry, or a point mass
+        on the last token where no suffix is stored."""
+        rows, cols, vals = [], [], []
+        for i, (table, ctx) in enumerate(zip(tables, contexts)):
+            entry = self._lookup(table, ctx)
+            if entry is None:
+                rows.append(i), cols.append(ctx[-1]), vals.append(1.0)
+                continue
+            total = sum(entry.values())
+            for t, w in entry.items():
+                rows.append(i), cols.append(t), vals.append(w / total)
+        q = torch.zeros(len(contexts), self.vocab_size, device=device)
+        q[rows, cols] = torch.tensor(vals, dtype=torch.float32, device=device)
+        return q
+
+    def _chains(self, tables: list, contexts: list, shape: tuple, k: int, device):
+        """k tokens after each context (extended in place): tokens (*shape, k), q (*shape, k, V)."""
+        if k == 0:
+            return (torch.empty(*shape, 0, dtype=torch.long, device=device),
+                    torch.empty(*shape, 0, self.vocab_size, device=device))
+        drafts, probs = [], []
+        for _ in range(k):
+            q = self._dense(tables, contexts, device).view(*shape, self.vocab_size)
+            x = q.argmax(-1) if self.sampling.greedy else sample(q, self.generator)
+            drafts.append(x)
+            probs.append(q)
+            for ctx, t in zip(contexts, x.flatten().tolist()):
+                ctx.append(t)
+                if len(ctx) > self.max_ngram:
+                    del ctx[0]
+        return torch.stack(drafts, -1), torch.stack(probs, -2)
+
+    def propose(self, tokens, n, k):
+        self._catch_up(tokens, n)
+        B = tokens.shape[0]
+        if k == 0:
+            return tokens.new_empty(B, 0), None
+        drafts, q = self._chains(self.tables, self._contexts(tokens, n), (B,), k, tokens.device)
+        return drafts.to(tokens.dtype), (None if self.sampling.greedy else q)
+
+    def propose_tree(self, tokens: torch.Tensor, n: int, branches: int, depth: int):
+        """A draft tree after ``tokens[:, :n]``: ``branches`` chains of ``depth`` tokens, returned as a
+        :class:`visualspec.multidraft.DraftTree` for the tree decoder.
+
+        The first tokens are ``branches`` draws without replacement from the first-token q
+        (``first_q``, B x V) by :func:`visualspec.multidraft.gumbel_top_k`, in draw order (scheme
+        ``"without_replacement"``, verified by :func:`visualspec.multidraft.rsd_verify`); when q has
+        fewer tokens of positive mass than ``branches``, the trailing first tokens have q = 0 and
+        every rule rejects them. Each chain then continues after its own first token exactly as
+        :meth:`propose` drafts (``chain_q``, B x branches x (depth - 1) x V). At temperature 0 the
+        first tokens are the ``branches`` most probable ones and the chains are argmax drafts
+        (scheme ``"greedy"``, no distributions).
+        """
+        from .multidraft import DraftTree, gumbel_top_k
+
+        if not 1 <= branches <= self.vocab_size or depth < 1:
+            raise ValueError(f"need 1 <= branches <= {self.vocab_size} and depth >= 1, "
+                             f"got branches={branches}, depth={depth}")
+        self._catch_up(tokens, n)
+        B, device = tokens.shape[0], tokens.device
+        contexts = self._contexts(tokens, n)
+        q0 = self._dense(self.tables, contexts, device)  # (B, V)
+        if self.sampling.greedy:
+            first = q0.topk(branches, dim=-1).indices
+        else:
+            first = gumbel_top_k(q0.double().log(), branches, self.generator)
+        branch_ctx = [(ctx + [t])[-self.max_ngram:] for ctx, row in zip(contexts, first.tolist()) for t in row]
+        tables = [table for table in self.tables for _ in range(branches)]
+        rest, chain_q = self._chains(tables, branch_ctx, (B, branches), depth - 1, device)
+        tree_tokens = torch.cat([first[..., None], rest.to(first.dtype)], -1).to(tokens.dtype)
+        if self.sampling.greedy:
+            return DraftTree(tree_tokens, None, None, "greedy")
+        return DraftTree(tree_tokens, q0, chain_q, "without_replacement")

@@ -21,7 +21,7 @@ import torch
 from .drafters import Drafter
 from .sampling import Generator, SamplingConfig
 from .stats import DecodeStats
-from .verify import Verdict, speculative_verify
+from .verify import Verdict, greedy_verify, speculative_verify
 
 Rule = Callable[..., Verdict]
 
@@ -46,6 +46,20 @@ class TokenModel(Protocol):
 
     def crop(self, length: int) -> None:
         """Keep only positions < length in the cache."""
+
+
+class TreeTokenModel(TokenModel, Protocol):
+    """A token model that can also verify a draft tree in one forward pass (tree attention)."""
+
+    def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
+                     start: int) -> torch.Tensor:
+        """Run the flattened tree tokens (B, N): node i sits at position ``start + depths[i]`` and
+        attends to the cache and to the nodes j with ``ancestors[i, j]``. Stores every node's keys
+        and values after the cache; returns logits (B, N, V) (row i predicts the next position)."""
+
+    def keep(self, start: int, nodes: torch.Tensor) -> None:
+        """Keep positions < start in the cache, followed by the tree nodes ``nodes`` (B, m) in
+        order (they become positions start..start + m - 1); drop every other tree node."""
 
 
 @torch.no_grad()
@@ -119,5 +133,97 @@ def decode(
 
     stats.fixed_at = fixed_at
     stats.draft_forwards = drafter.forwards if drafter is not None else 0
+    stats.wall_time_s = time.perf_counter() - t0
+    return tokens, stats
+
+
+@torch.no_grad()
+def decode_tree(
+    target: TreeTokenModel,
+    prefix: Any,
+    num_tokens: int,
+    sampling: SamplingConfig,
+    drafter,
+    *,
+    branches: int,
+    depth: int,
+    rule: Callable,
+    generator: Generator = None,
+    mode: str = "",
+) -> tuple[torch.Tensor, DecodeStats]:
+    """Multi-draft decoding: each step the drafter proposes ``branches`` chains of ``depth`` tokens
+    (:class:`visualspec.multidraft.DraftTree`), the target scores the whole tree in one forward, and
+
+    1. the multi-draft ``rule`` (:mod:`visualspec.multidraft`, matching the drafter's scheme) picks
+       at most one of the first tokens, or emits a residual sample;
+    2. the picked chain's remaining drafts are verified by speculative sampling (greedy matching at
+       temperature 0), which emits the next token after them.
+
+    Lossless when the rule is lossless for the drafter's scheme: the first emitted token has law p
+    whatever was drafted, and given the picked first token its chain was drafted from the chain's
+    own q, which step 2 verifies exactly. Batches stay aligned as in :func:`decode`.
+    """
+    if not isinstance(branches, int) or branches < 1:
+        raise ValueError(f"branches (k) must be an integer >= 1, got {branches!r}")
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    if sampling.uses_guidance:
+        raise ValueError("tree decoding does not support classifier-free guidance")
+    t0 = time.perf_counter()
+    chain_rule = greedy_verify if sampling.greedy else speculative_verify
+    first = sampling.probs(target.prefill(prefix, num_tokens))
+    B = first.shape[0]
+    stats = DecodeStats(mode=mode or f"tree {branches}x{depth}", batch_size=B, num_tokens=num_tokens,
+                        target_forwards=1)
+    fixed_at = torch.empty(num_tokens, dtype=torch.long)
+    tokens = torch.empty(B, num_tokens, dtype=torch.long, device=first.device)
+    tokens[:, 0] = chain_rule(tokens[:, :0], None, first[:, None], generator).next_tokens
+    fixed_at[0] = 1
+    n = 1
+    drafter.start(B, num_tokens, sampling, generator)
+    rows = torch.arange(B, device=first.device)
+    while n < num_tokens:
+        L = min(depth, num_tokens - 1 - n)
+        if L == 0:  # the last token: a plain step
+            p = sampling.probs(target.forward_window(tokens[:, n - 1:n], n - 1))
+            stats.target_forwards += 1
+            tokens[:, n] = chain_rule(tokens[:, :0], None, p, generator).next_tokens
+            target.crop(n)
+            drafter.observe(n, 1, p)
+            stats.accepted_lengths.append(1)
+            fixed_at[n] = stats.target_forwards
+            n += 1
+            continue
+        tree = drafter.propose_tree(tokens, n, branches, L)
+        depths, ancestors = tree.layout()
+        flat = torch.cat([tokens[:, n - 1:n], tree.tokens.flatten(1)], dim=1)
+        p = sampling.probs(target.forward_tree(flat, depths, ancestors, n - 1))  # (B, 1 + k L, V)
+        stats.target_forwards += 1
+
+        first_verdict = rule(tree.tokens[:, :, 0], tree.first_q, p[:, 0], generator)
+        picked = first_verdict.index.clamp(min=0)  # rows that rejected every candidate use chain 0 (unused)
+        chain = tree.tokens[rows, picked]  # (B, L)
+        nodes = 1 + picked[:, None] * L + torch.arange(L, device=flat.device)  # the chain's nodes
+        chain_p = p[rows[:, None], nodes]  # (B, L, V): p after each chain token
+        chain_q = None if tree.chain_q is None else tree.chain_q[rows, picked]
+        rest = chain_rule(chain[:, 1:], chain_q, chain_p, generator)
+        hit = first_verdict.index >= 0
+        accepted = torch.where(hit, 1 + rest.num_accepted, torch.zeros_like(rest.num_accepted))
+        emitted = torch.where(hit, rest.next_tokens, first_verdict.token)
+
+        m = int(accepted.min())
+        last = torch.where(accepted > m, chain[:, m], emitted) if m < L else emitted
+        tokens[:, n:n + m] = chain[:, :m]
+        tokens[:, n + m] = last
+        fixed_at[n:n + m + 1] = stats.target_forwards
+        target.keep(n - 1, torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :m]], dim=1))
+        drafter.observe(n, m + 1, torch.cat([p[:, :1], chain_p[:, :m]], dim=1))
+        stats.accepted_lengths.append(m + 1)
+        n += m + 1
+
+    stats.fixed_at = fixed_at
+    stats.draft_forwards = drafter.forwards
     stats.wall_time_s = time.perf_counter() - t0
     return tokens, stats

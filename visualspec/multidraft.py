@@ -47,6 +47,33 @@ SCHEMES = ("iid", "without_replacement")
 
 
 @dataclass
+class DraftTree:
+    """k draft chains of length L that share their root (the last committed token).
+
+    ``tokens`` (B, k, L): chain j is ``tokens[:, j]``. The first tokens ``tokens[:, :, 0]`` were
+    drawn from ``first_q`` (B, V) by ``scheme`` ("iid", "without_replacement", or "greedy" for
+    deterministic candidates); token d >= 1 of chain j from ``chain_q[:, j, d - 1]`` (B, k, L - 1, V),
+    or deterministically when ``chain_q`` is None.
+    """
+
+    tokens: torch.Tensor
+    first_q: torch.Tensor | None
+    chain_q: torch.Tensor | None
+    scheme: str
+
+    def layout(self):
+        """The flattened tree ``[root, chain 0, chain 1, ...]``: depths (N,) and the ancestor mask
+        (N, N) bool, where node i may attend to node j iff j is i or an ancestor of i."""
+        _, k, L = self.tokens.shape
+        device = self.tokens.device
+        depths = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(1, L + 1).repeat(k)]).to(device)
+        chain = torch.cat([torch.full((1,), -1), torch.arange(k).repeat_interleave(L)]).to(device)
+        ancestors = (chain[None, :] == chain[:, None]) & (depths[None, :] <= depths[:, None])
+        ancestors[:, 0] = True
+        return depths, ancestors
+
+
+@dataclass
 class MultiDraftVerdict:
     index: torch.Tensor  # (B,) long in -1..k-1: the accepted candidate, -1 when all were rejected
     token: torch.Tensor  # (B,) long: the emitted token
@@ -297,6 +324,18 @@ def recursive_iid_verify(candidates, q, p, generator: Generator = None) -> Multi
     q, p = _check_pair(q, p)
     candidates = _check_candidates(candidates, q)
     return _decide(candidates, *_recursive_iid_stages(candidates, q, p), generator)
+
+
+def greedy_multidraft_verify(candidates, q, p, generator: Generator = None) -> MultiDraftVerdict:
+    """Greedy verification of k candidates. Lossless for greedy decoding.
+
+    The emitted token is ``argmax p``; the accepted candidate is the first one equal to it (-1 when
+    none is). ``q`` and ``generator`` are ignored: nothing is random.
+    """
+    best = p.argmax(-1)
+    match = candidates == best[:, None]
+    index = torch.where(match.any(-1), match.long().argmax(-1), torch.full_like(best, -1))
+    return MultiDraftVerdict(index, best)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -82,13 +82,14 @@ def chi_square_fit(samples: torch.Tensor, seqs: torch.Tensor, probs: torch.Tenso
 
 def sample_sequences(model: TokenModel, make_prefix, num_tokens: int, sampling: SamplingConfig, n: int,
                      seed: int = 0, batch: int = 4096, **decode_kwargs) -> torch.Tensor:
-    """n sequences (n, N) from :func:`visualspec.engine.decode`, in batches of ``batch`` rows."""
+    """n sequences (n, N) from :func:`visualspec.engine.decode` (or ``decode_fn``, e.g. a
+    :func:`functools.partial` of :func:`visualspec.engine.decode_tree`), in batches of ``batch`` rows."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for start in range(0, n, batch):
         rows = min(batch, n - start)
         drafter = decode_kwargs.get("drafter_factory", lambda r: None)(rows)
-        kwargs = {k: v for k, v in decode_kwargs.items() if k != "drafter_factory"}
-        tokens, _ = decode(model, make_prefix(rows), num_tokens, sampling, drafter=drafter, generator=g, **kwargs)
+        kwargs = {k: v for k, v in decode_kwargs.items() if k not in ("drafter_factory", "decode_fn")}
+        tokens, _ = decode_kwargs.get("decode_fn", decode)(model, make_prefix(rows), num_tokens, sampling, drafter=drafter, generator=g, **kwargs)
         out.append(tokens.cpu())
     return torch.cat(out)
