@@ -2,7 +2,6 @@
 drafter, batches, sampling reproducibility, and clear errors."""
 
 import pytest
-import torch
 
 from conftest import tiny_hf
 from visualspec.pipelines.tiny import word_tokenizer

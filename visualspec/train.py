@@ -179,6 +179,34 @@ def _lr(step: int, cfg_steps: int, base: float, warmup: int) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def run_stage(desc: str, folder: Path, modules: dict, optimizer, steps: int, step_fn, *, lr: float | None = None,
+              warmup: int = 0, checkpoint_seconds: float = 300.0, progress: bool = True) -> None:
+    """Run (or resume) one training stage of ``steps`` optimisation steps.
+
+    Resumes from the checkpoint in ``folder`` if there is one; before each step sets the learning
+    rate (linear warmup over ``warmup`` steps, then cosine decay to a tenth) when ``lr`` is given;
+    calls ``step_fn(step)``, which does the whole step and returns what the progress bar shows
+    (``{"loss": float, ...}``); checkpoints ``modules`` and ``optimizer`` every
+    ``checkpoint_seconds`` and at the end. Step s always sees the same data, so a resumed stage
+    ends with the same weights as an uninterrupted one.
+    """
+    from tqdm.auto import tqdm
+
+    meta = load_checkpoint(folder, modules, optimizer)
+    start = meta["step"] if meta else 0
+    last_save = time.time()
+    bar = tqdm(range(start, steps), desc=desc, disable=not progress, initial=start, total=steps)
+    for step in bar:
+        if lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = _lr(step, steps, lr, warmup)
+        bar.set_postfix({k: f"{v:.4g}" for k, v in step_fn(step).items()})
+        if time.time() - last_save > checkpoint_seconds:
+            save_checkpoint(folder, modules, optimizer, step + 1)
+            last_save = time.time()
+    save_checkpoint(folder, modules, optimizer, steps)
+
+
 # ------------------------------------------------------------------------------------ stage 1: VQ
 
 
@@ -192,18 +220,10 @@ def build_vq(cfg: ShapesTrainingConfig):
 
 
 def train_vq(cfg: ShapesTrainingConfig, work: Path, device, progress=True):
-    from tqdm.auto import tqdm
-
     vq = build_vq(cfg).to(device)
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.vq_lr, betas=(0.9, 0.99))
-    meta = load_checkpoint(work / "vq", {"vq": vq}, opt)
-    start = meta["step"] if meta else 0
-    last_save = time.time()
-    bar = tqdm(range(start, cfg.vq_steps), desc="VQ tokenizer", disable=not progress, initial=start,
-               total=cfg.vq_steps)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg.vq_steps, cfg.vq_lr, 50)
+
+    def step_fn(step):
         x, _ = world_batch(cfg.seed, step, cfg.vq_batch)
         x = x.to(device)
         recon, indices, losses = vq(x)
@@ -214,11 +234,10 @@ def train_vq(cfg: ShapesTrainingConfig, work: Path, device, progress=True):
         opt.step()
         if step % 50 == 49 and step < cfg.vq_steps * 0.8:
             restart_dead_codes(vq, x)
-        bar.set_postfix(rec=f"{rec.item():.4f}", usage=f"{vq.codebook_usage():.2f}")
-        if time.time() - last_save > cfg.checkpoint_seconds:
-            save_checkpoint(work / "vq", {"vq": vq}, opt, step + 1)
-            last_save = time.time()
-    save_checkpoint(work / "vq", {"vq": vq}, opt, cfg.vq_steps)
+        return {"rec": rec.item(), "usage": vq.codebook_usage()}
+
+    run_stage("VQ tokenizer", work / "vq", {"vq": vq}, opt, cfg.vq_steps, step_fn, lr=cfg.vq_lr, warmup=50,
+              checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
     return vq.eval()
 
 
@@ -279,27 +298,19 @@ def build_text_and_gpt(cfg: ShapesTrainingConfig, vocab_size: int):
 
 
 def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
-    from tqdm.auto import tqdm
-
     from .pipelines.llamagen import LlamaGenPipeline
 
     tokenizer, encoder, gpt = build_text_and_gpt(cfg, vq.config.codebook_size)
     encoder, gpt = encoder.to(device), gpt.to(device)
     params = list(encoder.parameters()) + list(gpt.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.gpt_lr, betas=(0.9, 0.95), weight_decay=0.05)
-    meta = load_checkpoint(work / "gpt", {"encoder": encoder, "gpt": gpt}, opt)
-    start = meta["step"] if meta else 0
     # the pipeline's own prompt encoding (tokenise, encode, left-pad) is what training uses
     helper = LlamaGenPipeline(transformer=gpt, vq_model=vq, text_encoder=encoder, tokenizer=tokenizer)
     autocast = dict(device_type=device.type, dtype=torch.bfloat16)
-    last_save = time.time()
-    bar = tqdm(range(start, cfg.gpt_steps), desc="text encoder + GPT", disable=not progress, initial=start,
-               total=cfg.gpt_steps)
     gpt.train()
     encoder.train()
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg.gpt_steps, cfg.gpt_lr, cfg.warmup_steps)
+
+    def step_fn(step):
         x, prompts = caption_batch(cfg.seed + 1, step, cfg.gpt_batch, cfg.task_weights, cfg.caption_detail)
         with torch.no_grad():
             _, tokens = vq.encode(x.to(device))
@@ -315,11 +326,10 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        if time.time() - last_save > cfg.checkpoint_seconds:
-            save_checkpoint(work / "gpt", {"encoder": encoder, "gpt": gpt}, opt, step + 1)
-            last_save = time.time()
-    save_checkpoint(work / "gpt", {"encoder": encoder, "gpt": gpt}, opt, cfg.gpt_steps)
+        return {"loss": loss.item()}
+
+    run_stage("text encoder + GPT", work / "gpt", {"encoder": encoder, "gpt": gpt}, opt, cfg.gpt_steps, step_fn,
+              lr=cfg.gpt_lr, warmup=cfg.warmup_steps, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
     return tokenizer, encoder.eval(), gpt.eval()
 
 

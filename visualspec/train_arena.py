@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .train import _lr, load_checkpoint, save_checkpoint
+from .train import run_stage
 from .worlds import arena
 
 
@@ -100,18 +100,10 @@ def build_transformer(cfg: ArenaTrainingConfig):
 
 
 def train_autoencoder(cfg: ArenaTrainingConfig, work: Path, device, progress=True):
-    from tqdm.auto import tqdm
-
     ae = build_autoencoder(cfg).to(device)
     opt = torch.optim.Adam(ae.parameters(), lr=cfg.ae_lr)
-    meta = load_checkpoint(work / "autoencoder", {"ae": ae}, opt)
-    start = meta["step"] if meta else 0
-    last_save = time.time()
-    bar = tqdm(range(start, cfg.ae_steps), desc="frame autoencoder", disable=not progress, initial=start,
-               total=cfg.ae_steps)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg.ae_steps, cfg.ae_lr, 50)
+
+    def step_fn(step):
         x = autoencoder_batch(cfg.seed, step, cfg.ae_batch).to(device)
         z = ae.encoder(x)
         recon = ae.decoder(z)
@@ -119,11 +111,10 @@ def train_autoencoder(cfg: ArenaTrainingConfig, work: Path, device, progress=Tru
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        bar.set_postfix(loss=f"{loss.item():.4f}")
-        if time.time() - last_save > cfg.checkpoint_seconds:
-            save_checkpoint(work / "autoencoder", {"ae": ae}, opt, step + 1)
-            last_save = time.time()
-    save_checkpoint(work / "autoencoder", {"ae": ae}, opt, cfg.ae_steps)
+        return {"loss": loss.item()}
+
+    run_stage("frame autoencoder", work / "autoencoder", {"ae": ae}, opt, cfg.ae_steps, step_fn, lr=cfg.ae_lr,
+              warmup=50, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
     return ae.eval()
 
 
@@ -169,20 +160,12 @@ def _noised(x, taus, noise):
 
 
 def train_transformer(cfg: ArenaTrainingConfig, latents, actions, work: Path, device, progress=True):
-    from tqdm.auto import tqdm
-
     model = build_transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    meta = load_checkpoint(work / "transformer", {"model": model}, opt)
-    start = meta["step"] if meta else 0
     autocast = dict(device_type=device.type, dtype=torch.bfloat16)
-    last_save = time.time()
-    bar = tqdm(range(start, cfg.steps), desc="next-frame transformer", disable=not progress, initial=start,
-               total=cfg.steps)
     model.train()
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg.steps, cfg.lr, cfg.warmup_steps)
+
+    def step_fn(step):
         rng = np.random.default_rng([cfg.seed, 21, step])
         x0, acts = sample_windows(latents, actions, cfg, rng, cfg.batch, model.no_action)
         taus = sample_taus(cfg, rng, cfg.batch)
@@ -195,30 +178,23 @@ def train_transformer(cfg: ArenaTrainingConfig, latents, actions, work: Path, de
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        bar.set_postfix(loss=f"{loss.item():.4f}")
-        if time.time() - last_save > cfg.checkpoint_seconds:
-            save_checkpoint(work / "transformer", {"model": model}, opt, step + 1)
-            last_save = time.time()
-    save_checkpoint(work / "transformer", {"model": model}, opt, cfg.steps)
+        return {"loss": loss.item()}
+
+    run_stage("next-frame transformer", work / "transformer", {"model": model}, opt, cfg.steps, step_fn, lr=cfg.lr,
+              warmup=cfg.warmup_steps, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
     return model.eval()
 
 
 def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, work: Path, device, progress=True):
     """Consistency distillation of ``teacher`` (frozen) into a student initialised from it."""
-    from tqdm.auto import tqdm
-
     student = copy.deepcopy(teacher).train()
     ema = copy.deepcopy(teacher).eval()
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.distill_lr, weight_decay=0.0)
-    meta = load_checkpoint(work / "distill", {"student": student, "ema": ema}, opt)
-    start = meta["step"] if meta else 0
     for p in list(teacher.parameters()) + list(ema.parameters()):
         p.requires_grad_(False)
     autocast = dict(device_type=device.type, dtype=torch.bfloat16)
-    last_save = time.time()
-    bar = tqdm(range(start, cfg.distill_steps), desc="consistency distillation", disable=not progress,
-               initial=start, total=cfg.distill_steps)
-    for step in bar:
+
+    def step_fn(step):
         rng = np.random.default_rng([cfg.seed, 31, step])
         x0, acts = sample_windows(latents, actions, cfg, rng, cfg.batch, student.no_action)
         B, W = acts.shape
@@ -247,11 +223,10 @@ def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, work: Path, dev
         with torch.no_grad():
             for pe, ps in zip(ema.parameters(), student.parameters()):
                 pe.lerp_(ps, 1 - cfg.ema_decay)
-        bar.set_postfix(loss=f"{loss.item():.5f}")
-        if time.time() - last_save > cfg.checkpoint_seconds:
-            save_checkpoint(work / "distill", {"student": student, "ema": ema}, opt, step + 1)
-            last_save = time.time()
-    save_checkpoint(work / "distill", {"student": student, "ema": ema}, opt, cfg.distill_steps)
+        return {"loss": loss.item()}
+
+    run_stage("consistency distillation", work / "distill", {"student": student, "ema": ema}, opt,
+              cfg.distill_steps, step_fn, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
     return student.eval()
 
 

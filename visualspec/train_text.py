@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .train import _lr, load_checkpoint, save_checkpoint
+from .train import run_stage
 
 
 @dataclass
@@ -114,18 +114,11 @@ def _batch(stream: torch.Tensor, cfg: TextPairConfig, step: int, salt: int) -> t
 
 
 def train_lm(cfg: TextPairConfig, name: str, model, stream, steps: int, work: Path, device, progress=True):
-    from tqdm.auto import tqdm
-
     model = model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.05)
-    meta = load_checkpoint(work / name, {name: model}, opt)
-    start = meta["step"] if meta else 0
-    last_save = time.time()
-    bar = tqdm(range(start, steps), desc=name, disable=not progress, initial=start, total=steps)
     salt = 1 if name == "target" else 2
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, steps, cfg.lr, cfg.warmup_steps)
+
+    def step_fn(step):
         x = _batch(stream, cfg, step, salt).to(device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             logits = model(input_ids=x[:, :-1]).logits
@@ -134,11 +127,10 @@ def train_lm(cfg: TextPairConfig, name: str, model, stream, steps: int, work: Pa
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        if time.time() - last_save > cfg.checkpoint_seconds:
-            save_checkpoint(work / name, {name: model}, opt, step + 1)
-            last_save = time.time()
-    save_checkpoint(work / name, {name: model}, opt, steps)
+        return {"loss": loss.item()}
+
+    run_stage(name, work / name, {name: model}, opt, steps, step_fn, lr=cfg.lr, warmup=cfg.warmup_steps,
+              checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
     return model.eval()
 
 
