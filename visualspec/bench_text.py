@@ -60,6 +60,21 @@ def held_out_prompts(folder, tokenizer, count: int, tokens: int = PROMPT_TOKENS,
     return prompts
 
 
+def calibration_vocab(folder, tokenizer, size: int, files: int = 50) -> torch.Tensor:
+    """VocabTrim's kept set: the ``size`` most frequent tokens of ``files`` training files (the
+    target was trained on them, so their statistics stand in for target-generated text)."""
+    import json
+    import sysconfig
+
+    from .drafters import frequent_tokens
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    held = set(json.loads((Path(folder) / "training.json").read_text())["held_out_files"])
+    names = [p for p in sorted(root.glob("*.py")) if str(p.relative_to(root)) not in held][:files]
+    ids = [tokenizer(p.read_text(encoding="utf-8", errors="replace")).input_ids for p in names]
+    return frequent_tokens(ids, size, always=[tokenizer.eos_token_id])
+
+
 class ForwardCounter:
     """Counts forward calls of a module (one per target forward pass)."""
 
@@ -75,8 +90,8 @@ def _hf_generate(model, tokenizer, prompt, new_tokens, **kwargs):
     return out[0, enc.input_ids.shape[1]:].tolist()
 
 
-def methods(target, draft, tokenizer, window: int = 6):
-    """name -> function(prompt, new_tokens) -> new token ids."""
+def methods(target, draft, tokenizer, window: int = 6, kept=None):
+    """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids."""
     def ours(**kw):
         return lambda prompt, n: generate_text(target, tokenizer, prompt, max_new_tokens=n, temperature=0,
                                                **kw).token_ids[0]
@@ -87,7 +102,7 @@ def methods(target, draft, tokenizer, window: int = 6):
         "visualspec AR": ours(),
         "visualspec draft model": ours(drafter=draft, window=window),
         "visualspec draft model, VocabTrim 1/4": ours(drafter=draft, window=window,
-                                                      draft_vocab=max(len(tokenizer) // 4, 1)),
+                                                      draft_vocab=kept if kept is not None else len(tokenizer) // 4),
         "visualspec draft tree 2x3 (rsd)": ours(drafter=draft, window=7, branches=2),
         "visualspec n-gram": ours(drafter="ngram", window=window),
         "visualspec STAND": ours(drafter="stand", window=window),
@@ -102,7 +117,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         torch.set_num_threads(threads)
     tokenizer, target, draft = load_pair(folder)
     texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens)
-    table = methods(target, draft, tokenizer, window)
+    table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4))
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     counter = ForwardCounter(target)
