@@ -36,3 +36,27 @@ def tiny_hf(family="llama", seed=0, vocab_size=64, dtype=torch.float64):
 @pytest.fixture
 def make_tiny_llamagen():
     return tiny_llamagen
+
+
+# ---------------------------------------------------------------------------- text models
+
+TEXT_WORDS = [f"w{i}" for i in range(61)]  # + 3 special tokens = 64, the tiny models' vocabulary
+TEXT_PROMPTS = ["w5 w6 w7 w8 w5 w6", "w9 w10 w11", "w12 w13 w14 w15 w16 w17 w18"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A word-level tokenizer over TEXT_WORDS with the tiny transformers models' 64 tokens."""
+    from visualspec.pipelines.tiny import word_tokenizer
+
+    tok = word_tokenizer(TEXT_WORDS, model_max_length=64)
+    assert len(tok) == 64
+    return tok
+
+
+def generate_reference(model, tokenizer, prompt, n):
+    """transformers' own greedy ``generate``: the n new tokens after ``prompt`` (no EOS stop)."""
+    enc = tokenizer([prompt], return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=None)
+    return out[0, enc.input_ids.shape[1]:].tolist()

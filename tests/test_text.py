@@ -3,26 +3,14 @@ drafter, batches, sampling reproducibility, and clear errors."""
 
 import pytest
 
-from conftest import tiny_hf
-from visualspec.pipelines.tiny import word_tokenizer
+from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
 from visualspec.text import generate_text
 
-WORDS = [f"w{i}" for i in range(61)]  # + 3 special tokens = 64, the tiny models' vocabulary
-PROMPTS = ["w5 w6 w7 w8 w5 w6", "w9 w10 w11", "w12 w13 w14 w15 w16 w17 w18"]
+PROMPTS = TEXT_PROMPTS
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    tok = word_tokenizer(WORDS, model_max_length=64)
-    assert len(tok) == 64
-    return tok
 
 
-def reference(model, tokenizer, prompt, n):
-    enc = tokenizer([prompt], return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=None)
-    return out[0, enc.input_ids.shape[1]:].tolist()
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -33,7 +21,7 @@ def test_greedy_output_equals_generate_for_every_drafter(family, drafter, tokeni
     tokenizer.eos_token_id  # noqa: B018  (EOS = 1 in the tiny models' config too)
     out = generate_text(model, tokenizer, PROMPTS, drafter=draft, max_new_tokens=20, temperature=0, window=5)
     for prompt, ids in zip(PROMPTS, out.token_ids):
-        ref = reference(model, tokenizer, prompt, 20)
+        ref = generate_reference(model, tokenizer, prompt, 20)
         assert ids == ref[: len(ids)] and (len(ids) == 20 or ids[-1] == tokenizer.eos_token_id)
     assert isinstance(out.text, list) and len(out.text) == 3
     assert out.stats.num_tokens == 20 and out.stats.target_forwards <= 20

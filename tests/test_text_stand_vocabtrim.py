@@ -6,17 +6,15 @@ decoder is tested elsewhere), and clear errors."""
 import pytest
 import torch
 
-from conftest import tiny_hf, tiny_llamagen
+from conftest import TEXT_PROMPTS, generate_reference, tiny_hf, tiny_llamagen
 from visualspec.drafters import StandDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
 from visualspec.hf import HFCausalLM
 from visualspec.multidraft import rsd_verify
-from visualspec.pipelines.tiny import word_tokenizer
 from visualspec.sampling import SamplingConfig
 from visualspec.testing import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.text import generate_text
 
-WORDS = [f"w{i}" for i in range(61)]  # + 3 special tokens = 64, the tiny models' vocabulary
-PROMPTS = ["w5 w6 w7 w8 w5 w6", "w9 w10 w11", "w12 w13 w14 w15 w16 w17 w18"]
+PROMPTS = TEXT_PROMPTS
 N, V, SAMPLES = 4, 4, 40000  # the harness of test_lossless: 4 tokens of a 4-token vocabulary
 PLAIN = SamplingConfig()
 FILTERED = SamplingConfig(temperature=0.8, top_k=3, top_p=0.95)
@@ -24,18 +22,8 @@ PROMPT = [0, 2, 1]
 STAND_PROMPT = [1, 0, 2, 0, 1]  # contexts with several successors: many STAND drafts are random (20-60%)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    tok = word_tokenizer(WORDS, model_max_length=64)
-    assert len(tok) == 64
-    return tok
 
 
-def reference(model, tokenizer, prompt, n):
-    enc = tokenizer([prompt], return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=None)
-    return out[0, enc.input_ids.shape[1]:].tolist()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -54,7 +42,7 @@ def test_greedy_output_equals_generate(family, mode, tokenizer):
                       draft_vocab=[1, 5, 9, 12, 33, 40] if mode == "vocabtrim-ids" else 12)
     out = generate_text(model, tokenizer, PROMPTS, max_new_tokens=20, temperature=0, window=5, **kwargs)
     for prompt, ids in zip(PROMPTS, out.token_ids):
-        ref = reference(model, tokenizer, prompt, 20)
+        ref = generate_reference(model, tokenizer, prompt, 20)
         assert ids == ref[: len(ids)] and (len(ids) == 20 or ids[-1] == tokenizer.eos_token_id)
     assert out.stats.num_tokens == 20 and out.stats.target_forwards <= 20
     assert out.stats.mode == ("stand" if mode == "stand" else "vocabtrim")

@@ -8,18 +8,16 @@ from functools import partial
 import pytest
 import torch
 
-from conftest import tiny_hf
+from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
 from visualspec.drafters import DraftModelDrafter, StandDrafter
 from visualspec.engine import decode_tree
 from visualspec.hf import HFCausalLM
 from visualspec.multidraft import DraftTree, recursive_iid_verify, rsd_verify, spectr_verify
-from visualspec.pipelines.tiny import word_tokenizer
 from visualspec.sampling import SamplingConfig
 from visualspec.testing import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.text import generate_text
 
-WORDS = [f"w{i}" for i in range(61)]  # + 3 special tokens = 64, the tiny models' vocabulary
-PROMPTS = ["w5 w6 w7 w8 w5 w6", "w9 w10 w11", "w12 w13 w14 w15 w16 w17 w18"]
+PROMPTS = TEXT_PROMPTS
 N, V, SAMPLES = 4, 4, 40000  # as in test_lossless: every sequence of 4 tokens over 4 tokens
 PLAIN = SamplingConfig()
 FILTERED = SamplingConfig(temperature=0.8, top_k=3, top_p=0.95)
@@ -27,9 +25,6 @@ PROMPT = [0, 2, 1]
 STAND_PROMPT = [1, 0, 2, 0, 1]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return word_tokenizer(WORDS, model_max_length=64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,11 +72,6 @@ def test_one_tree_forward_equals_each_chain_alone_and_keep_leaves_the_picked_pat
 # ----------------------------------------------------------------------------------------------
 
 
-def reference(model, tokenizer, prompt, n):
-    enc = tokenizer([prompt], return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=None)
-    return out[0, enc.input_ids.shape[1]:].tolist()
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -92,7 +82,7 @@ def test_greedy_tree_decoding_equals_generate(family, drafter, branches, tokeniz
     out = generate_text(model, tokenizer, PROMPTS, drafter=draft, branches=branches, window=7, max_new_tokens=20,
                         temperature=0, ngram=2)
     for prompt, ids in zip(PROMPTS, out.token_ids):
-        ref = reference(model, tokenizer, prompt, 20)
+        ref = generate_reference(model, tokenizer, prompt, 20)
         assert ids == ref[: len(ids)] and (len(ids) == 20 or ids[-1] == tokenizer.eos_token_id)
     assert out.stats.target_forwards <= 20 and "tree" in out.stats.mode
 
