@@ -179,6 +179,19 @@ def _lr(step: int, cfg_steps: int, base: float, warmup: int) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def claim_work_dir(work_dir, config: dict) -> Path:
+    """Create ``work_dir`` for a run of ``config`` (JSON-able), or accept it back to resume the same
+    run; a folder holding another configuration is refused."""
+    work = Path(work_dir).expanduser()
+    work.mkdir(parents=True, exist_ok=True)
+    saved = work / "config.json"
+    config = json.loads(json.dumps(config))  # tuples become lists, as they read back
+    if saved.is_file() and json.loads(saved.read_text()) != config:
+        raise ValueError(f"{work} holds a run with another configuration; use a new --work-dir")
+    saved.write_text(json.dumps(config, indent=1))
+    return work
+
+
 def run_stage(desc: str, folder: Path, modules: dict, optimizer, steps: int, step_fn, *, lr: float | None = None,
               warmup: int = 0, checkpoint_seconds: float = 300.0, progress: bool = True) -> None:
     """Run (or resume) one training stage of ``steps`` optimisation steps.
@@ -341,13 +354,7 @@ def train_shapes(out: str, work_dir: str, cfg: ShapesTrainingConfig | None = Non
     from .pipelines.llamagen import LlamaGenPipeline
 
     cfg = cfg or ShapesTrainingConfig()
-    work = Path(work_dir).expanduser()
-    work.mkdir(parents=True, exist_ok=True)
-    saved = work / "config.json"
-    training = {k: v for k, v in asdict(cfg).items() if k not in SAMPLING_FIELDS}
-    if saved.is_file() and json.loads(saved.read_text()) != training:
-        raise ValueError(f"{work} holds a run with another configuration; use a new --work-dir")
-    saved.write_text(json.dumps(training, indent=1))
+    work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k not in SAMPLING_FIELDS})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()
     vq = train_vq(cfg, work, device, progress)

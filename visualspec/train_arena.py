@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .train import run_stage
+from .train import claim_work_dir, run_stage
 from .worlds import arena
 
 
@@ -235,13 +235,8 @@ def train_arena(out: str, work_dir: str, cfg: ArenaTrainingConfig | None = None,
     from .pipelines.nfd import NextFramePipeline
 
     cfg = cfg or ArenaTrainingConfig()
-    work = Path(work_dir).expanduser()
-    work.mkdir(parents=True, exist_ok=True)
-    saved = work / "config.json"
     config = json.loads(json.dumps(asdict(cfg)))
-    if saved.is_file() and json.loads(saved.read_text()) != config:
-        raise ValueError(f"{work} holds a run with another configuration; use a new --work-dir")
-    saved.write_text(json.dumps(config, indent=1))
+    work = claim_work_dir(work_dir, config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()
     ae = train_autoencoder(cfg, work, device, progress)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .train import run_stage
+from .train import claim_work_dir, run_stage
 
 
 @dataclass
@@ -137,13 +137,7 @@ def train_lm(cfg: TextPairConfig, name: str, model, stream, steps: int, work: Pa
 def train_text_pair(out: str, work_dir: str, cfg: TextPairConfig | None = None, progress: bool = True) -> Path:
     """Run (or resume) the tokenizer, target and draft stages; write the pair to ``out``."""
     cfg = cfg or TextPairConfig()
-    work = Path(work_dir).expanduser()
-    work.mkdir(parents=True, exist_ok=True)
-    saved = work / "config.json"
-    config = {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"}
-    if saved.is_file() and json.loads(saved.read_text()) != config:
-        raise ValueError(f"{work} holds a run with another configuration; use a new --work-dir")
-    saved.write_text(json.dumps(config, indent=1))
+    work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()
     train_files, held_out = stdlib_files(cfg.max_files, cfg.held_out_every)
