@@ -51,6 +51,13 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     a = LlamaGenPipeline.from_pretrained(tmp_path / "straight").transformer.state_dict()
     b = LlamaGenPipeline.from_pretrained(tmp_path / "resumed").transformer.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the pipeline holds the moving average of the GPT's weights, checkpointed beside the weights
+    from safetensors.torch import load_file
+
+    state = load_file(tmp_path / "w1" / "gpt" / "state.safetensors")
+    key = next(k for k in a if k.endswith("weight") and a[k].dim() == 2)
+    assert torch.equal(a[key], state[f"ema_gpt/{key}"].half().float())
+    assert not torch.equal(state[f"ema_gpt/{key}"], state[f"gpt/{key}"])
 
 
 def test_codebook_pruning_keeps_distinct_used_codes():

@@ -14,7 +14,9 @@ is no dataset to store, and step s always sees the same batch):
    of reconstructed ground truth is unchanged);
 2. a small T5 text encoder over the world's words, trained jointly with
 3. a text-conditional LlamaGen GPT over the 256 image tokens (next-token cross-entropy; 10% of
-   captions are replaced by the null caption for classifier-free guidance).
+   captions are replaced by the null caption for classifier-free guidance). The pipeline gets an
+   exponential moving average of the encoder's and the GPT's weights (``ema_decay``), which is
+   checkpointed with them.
 
 Checkpoints (safetensors + JSON) are written to ``--work-dir`` every few minutes; rerunning the
 same command resumes where it stopped. A GPU is used when present; on a CPU the GPT trains in
@@ -24,6 +26,7 @@ loaded back in float32).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -61,6 +64,7 @@ class ShapesTrainingConfig:
     gpt_lr: float = 6e-4
     warmup_steps: int = 100
     caption_dropout: float = 0.1
+    ema_decay: float = 0.999  # the pipeline gets an exponential moving average of the weights (0: the last weights)
     # what the GPT sees: tasks drawn with these weights, and scenes captioned in more detail than
     # GenEval's prompt with probability ``caption_detail`` (see ``training_caption``)
     task_weights: dict = field(default_factory=lambda: {
@@ -322,6 +326,11 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
     autocast = dict(device_type=device.type, dtype=torch.bfloat16)
     gpt.train()
     encoder.train()
+    modules = {"encoder": encoder, "gpt": gpt}
+    if cfg.ema_decay > 0:
+        ema = {f"ema_{name}": copy.deepcopy(m).eval().requires_grad_(False) for name, m in modules.items()}
+        ema_params = [p for m in ema.values() for p in m.parameters()]
+        modules.update(ema)
 
     def step_fn(step):
         x, prompts = caption_batch(cfg.seed + 1, step, cfg.gpt_batch, cfg.task_weights, cfg.caption_detail)
@@ -339,10 +348,15 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if cfg.ema_decay > 0:  # warmed up so early weights do not linger: decay (1 + s) / (10 + s) at first
+            with torch.no_grad():
+                torch._foreach_lerp_(ema_params, params, 1 - min(cfg.ema_decay, (1 + step) / (10 + step)))
         return {"loss": loss.item()}
 
-    run_stage("text encoder + GPT", work / "gpt", {"encoder": encoder, "gpt": gpt}, opt, cfg.gpt_steps, step_fn,
+    run_stage("text encoder + GPT", work / "gpt", modules, opt, cfg.gpt_steps, step_fn,
               lr=cfg.gpt_lr, warmup=cfg.warmup_steps, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
+    if cfg.ema_decay > 0:
+        encoder, gpt = modules["ema_encoder"], modules["ema_gpt"]
     return tokenizer, encoder.eval(), gpt.eval()
 
 
