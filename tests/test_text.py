@@ -9,10 +9,6 @@ from visualspec.text import generate_text
 PROMPTS = TEXT_PROMPTS
 
 
-
-
-
-
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("drafter", [None, "ngram", "jacobi", "model"])
 def test_greedy_output_equals_generate_for_every_drafter(family, drafter, tokenizer):

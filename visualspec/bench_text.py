@@ -90,18 +90,25 @@ def _hf_generate(model, tokenizer, prompt, new_tokens, **kwargs):
     return out[0, enc.input_ids.shape[1]:].tolist()
 
 
-def methods(target, draft, tokenizer, window: int = 6, kept=None):
-    """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids."""
+def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2):
+    """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
+
+    ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
+    model row; the main draft model rows draft up to ``draft_window - 1`` tokens and stop early
+    below ``stop_below`` (as transformers' assisted generation stops below its confidence threshold).
+    """
     def ours(**kw):
         return lambda prompt, n: generate_text(target, tokenizer, prompt, max_new_tokens=n, temperature=0,
                                                **kw).token_ids[0]
+    dynamic = dict(drafter=draft, window=draft_window, draft_stop_below=stop_below)
     return {
         "generate": lambda p, n: _hf_generate(target, tokenizer, p, n),
         "transformers assisted (draft model)": lambda p, n: _hf_generate(target, tokenizer, p, n, assistant_model=draft),
         "transformers prompt lookup": lambda p, n: _hf_generate(target, tokenizer, p, n, prompt_lookup_num_tokens=10),
         "visualspec AR": ours(),
-        "visualspec draft model": ours(drafter=draft, window=window),
-        "visualspec draft model, VocabTrim 1/4": ours(drafter=draft, window=window,
+        "visualspec draft model": ours(**dynamic),
+        f"visualspec draft model, fixed window {window}": ours(drafter=draft, window=window),
+        "visualspec draft model, VocabTrim 1/4": ours(**dynamic,
                                                       draft_vocab=kept if kept is not None else len(tokenizer) // 4),
         "visualspec draft tree 2x3 (rsd)": ours(drafter=draft, window=7, branches=2),
         "visualspec n-gram": ours(drafter="ngram", window=window),
@@ -112,12 +119,14 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None):
 
 @torch.no_grad()
 def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: int = 6, threads: int | None = None,
-                       only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS) -> dict:
+                       only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
+                       stop_below: float = 0.2) -> dict:
     if threads:
         torch.set_num_threads(threads)
     tokenizer, target, draft = load_pair(folder)
     texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens)
-    table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4))
+    table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
+                    draft_window, stop_below)
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     counter = ForwardCounter(target)
@@ -145,7 +154,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     assisted = results.get("transformers assisted (draft model)")
     ours = results.get("visualspec draft model")
     return {
-        "prompts": len(texts), "new_tokens": new_tokens, "window": window, "results": results,
+        "prompts": len(texts), "new_tokens": new_tokens, "window": window, "draft_window": draft_window,
+        "draft_stop_below": stop_below, "results": results,
         "draft_model_speedup_ratio_to_assisted": (round(ours["speedup_vs_generate"] / assisted["speedup_vs_generate"], 3)
                                                   if ours and assisted else None),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},

@@ -124,14 +124,23 @@ class DraftModelDrafter(Drafter):
     The draft model runs autoregressively for k tokens with its own KV cache, sampling each draft
     from q = ``sampling.probs(draft logits)``: the same guidance, temperature, top-k and top-p as
     the target. After verification its cache is cropped back to the accepted prefix.
-    """
 
-    def __init__(self, model, prefix, tree_scheme: str = "without_replacement"):
+    ``stop_below`` ends a draft early (as transformers' ``assistant_confidence_threshold`` does):
+    once every row's latest draft has probability below it under the draft model (softmax of its
+    guided logits at temperature 1), no more drafts are made this step. The decision depends only
+    on the draft model's own outputs, so verification stays lossless; it saves draft forwards that
+    would likely be rejected, and lets a long ``window`` pay off where the draft is sure.
+"""
+
+    def __init__(self, model, prefix, tree_scheme: str = "without_replacement", stop_below: float | None = None):
         if tree_scheme not in ("without_replacement", "iid"):
             raise ValueError(f"unknown tree scheme {tree_scheme!r}; choose 'without_replacement' or 'iid'")
+        if stop_below is not None and not 0.0 <= stop_below <= 1.0:
+            raise ValueError(f"stop_below must be a probability in [0, 1] or None, got {stop_below!r}")
         self.model = model
         self.prefix = prefix
         self.tree_scheme = tree_scheme
+        self.stop_below = stop_below
         self._forwards = 0
 
     @property
@@ -162,10 +171,23 @@ class DraftModelDrafter(Drafter):
             q = self._draft_probs(logits)
             drafts[:, j] = q.argmax(-1) if self.sampling.greedy else sample(q, self.generator)
             probs.append(q)
-            if j + 1 < k:
-                logits = self._forward(drafts[:, j:j + 1], n + j)
+            if j + 1 == k:
+                break
+            if self.stop_below is not None and self._unsure(logits, drafts[:, j]):
+                k = j + 1
+                break
+            logits = self._forward(drafts[:, j:j + 1], n + j)
         self.consumed = n + k - 1
-        return drafts, (torch.stack(probs, 1) if probs else None)
+        return drafts[:, :k], torch.stack(probs, 1)
+
+    def _unsure(self, logits: torch.Tensor, drafted: torch.Tensor) -> bool:
+        """Whether every row's draft ``drafted`` (B,) has draft probability below ``stop_below``."""
+        p = self._guided_logits(logits).float().softmax(-1).gather(-1, drafted[:, None])
+        return bool((p < self.stop_below).all())
+
+    def _guided_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits after guidance, over the full vocabulary (B, V)."""
+        return self.sampling.guide(logits)
 
     def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft distribution q (B, V) that a draft is sampled from, given the model's logits."""
@@ -321,8 +343,8 @@ class VocabTrimDrafter(DraftModelDrafter):
     kept columns are picked from them (the same q, without the cheaper head).
     """
 
-    def __init__(self, model, prefix, keep, vocab_size: int | None = None):
-        super().__init__(model, prefix)
+    def __init__(self, model, prefix, keep, vocab_size: int | None = None, stop_below: float | None = None):
+        super().__init__(model, prefix, stop_below=stop_below)
         self.vocab_size = int(vocab_size if vocab_size is not None else model.vocab_size)
         self.keep = kept_token_ids(keep, self.vocab_size)
         rows = getattr(model, "head_rows", None)
@@ -339,12 +361,15 @@ class VocabTrimDrafter(DraftModelDrafter):
         kept = logits if self.trimmed_head else logits.index_select(-1, keep)
         return keep[kept.topk(k, -1).indices]
 
-    def _draft_probs(self, logits):
+    def _guided_logits(self, logits):
         keep = self.keep.to(logits.device)
         kept = logits if self.trimmed_head else logits.index_select(-1, keep)
         kept = self.sampling.guide(kept)  # [cond; uncond] -> B rows, on finite logits only
         full = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))
-        return self._unguided.probs(full.index_copy_(-1, keep, kept))
+        return full.index_copy_(-1, keep, kept)
+
+    def _draft_probs(self, logits):
+        return self._unguided.probs(self._guided_logits(logits))
 
 
 # ----------------------------------------------------------------------------------------------

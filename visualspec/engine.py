@@ -107,6 +107,7 @@ def decode(
         k = min(max_drafts, num_tokens - 1 - n)
         if drafter is not None:
             drafts, draft_probs = drafter.propose(tokens, n, k)
+            k = drafts.shape[1]  # a drafter may stop early (never draft more than k)
         else:
             drafts, draft_probs = tokens.new_empty(B, 0), None
         window_tokens = torch.cat([tokens[:, n - 1:n], drafts], dim=1)

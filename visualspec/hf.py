@@ -66,6 +66,7 @@ class HFCausalLM:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         self.prefix_mask = attention_mask.long()
+        self.padded = not bool(self.prefix_mask.all())  # unpadded: the model builds its causal mask itself
         self.prefix_len = input_ids.shape[1]
         positions = (self.prefix_mask.cumsum(-1) - 1).clamp(min=0)
         self.first_position = positions[:, -1:] + 1  # position id of generated token 0, per row
@@ -76,7 +77,7 @@ class HFCausalLM:
 
     def forward_window(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         B, L = tokens.shape
-        mask = torch.cat([self.prefix_mask, self.prefix_mask.new_ones(B, start + L)], dim=1)
+        mask = torch.cat([self.prefix_mask, self.prefix_mask.new_ones(B, start + L)], dim=1) if self.padded else None
         positions = self.first_position + start + torch.arange(L, device=tokens.device)
         return self._logits(input_ids=tokens, attention_mask=mask, position_ids=positions,
                             past_key_values=self.cache, use_cache=True).float()

@@ -87,11 +87,15 @@ def _draft_vocab(draft_vocab, vocab_size: int, prompt_rows, eos) -> torch.Tensor
     return kept_token_ids(draft_vocab, vocab_size)
 
 
-def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draft_vocab=None, eos=None):
+def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draft_vocab=None, eos=None,
+             stop_below=None):
     if isinstance(drafter, str) and drafter not in DRAFTERS:
         raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS} or pass a draft model")
     if (drafter is None or isinstance(drafter, str)) and draft_vocab is not None:
         raise ValueError(f"draft_vocab trims a draft model's LM head; it needs a draft model, not drafter={drafter!r}")
+    if (drafter is None or isinstance(drafter, str)) and stop_below is not None:
+        raise ValueError(f"draft_stop_below ends a draft model's drafts early; it needs a draft model, "
+                         f"not drafter={drafter!r}")
     if drafter is None:
         return None
     rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
@@ -107,9 +111,9 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         raise ValueError(f"the draft model's vocabulary ({_vocab_size(drafter)} tokens) differs from the target's "
                          f"({_vocab_size(model)}); draft and target must share one tokenizer")
     if draft_vocab is None:
-        return DraftModelDrafter(HFCausalLM(drafter), prefix)
+        return DraftModelDrafter(HFCausalLM(drafter), prefix, stop_below=stop_below)
     keep = _draft_vocab(draft_vocab, _vocab_size(model), rows, eos)
-    return VocabTrimDrafter(HFCausalLM(drafter, head_rows=keep), prefix, keep)
+    return VocabTrimDrafter(HFCausalLM(drafter, head_rows=keep), prefix, keep, stop_below=stop_below)
 
 
 MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
@@ -147,7 +151,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                   generator=None, window: int = 8, ngram: int = 3, typical_epsilon: float = 0.09,
                   typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
-                  multidraft: str = "rsd") -> TextOutput:
+                  multidraft: str = "rsd", draft_stop_below: float | None = None) -> TextOutput:
     """Generate ``max_new_tokens`` tokens after ``prompt`` (a string or a list of strings).
 
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
@@ -161,6 +165,11 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     (most frequent first, if they do not all fit) and, up to K, the lowest token ids (in byte-level
     BPE vocabularies such as GPT-2's the lowest ids are single bytes and the earliest,
     most frequent merges).
+
+    ``draft_stop_below`` (with a draft model only) ends each step's drafts early once the draft
+    model's probability of its latest draft falls below it (transformers' assistant confidence
+    threshold; lossless, see :class:`visualspec.drafters.DraftModelDrafter`), so a long ``window``
+    costs draft forwards only where the draft is sure.
 
     ``branches`` k > 1 drafts a tree (draft model or ``"stand"``): k first tokens, each followed by
     a chain, ``depth`` tokens long in all (default ``(window - 1) // k``), so the target verifies
@@ -177,12 +186,15 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         raise ValueError(f"window must be an integer >= 1, got {window!r}")
     check_sampling_args(temperature, top_k, top_p, 1.0)
     tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
+    if tree is not None and draft_stop_below is not None:
+        raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
     prompts, input_ids, attention_mask = _encode(tokenizer, prompt)
     device = next(model.parameters()).device
     prefix = (input_ids.to(device), attention_mask.to(device))
     target = HFCausalLM(model)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id)
+    drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
+                      draft_stop_below)
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
     else:
