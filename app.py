@@ -105,7 +105,9 @@ class ArenaServer:
                         "frames": stats.frames, "hit_rate": None if np.isnan(stats.hit_rate) else stats.hit_rate,
                         "generation_fps": stats.fps, "worlds": self.active}))
                     last_report = now
-                next_tick = max(next_tick + 1 / self.fps, now - 1 / self.fps)
+                # a frame that took long (a speculative batch) is made up for by showing the next ones
+                # sooner, up to a batch behind, rather than dropped
+                next_tick = max(next_tick + 1 / self.fps, now - self.speculate / self.fps)
                 await asyncio.sleep(max(0.0, next_tick - time.perf_counter()))
         except (WebSocketDisconnect, RuntimeError):
             pass
@@ -305,7 +307,15 @@ def main(argv=None):
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1, local only)")
     parser.add_argument("--port", type=int, default=7860)
     parser.add_argument("--speculate", type=int, default=4, help="frames generated ahead while a key is held")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per frame generation (default 1: each player's world gets a core, "
+                             "and the rest stay free for more players and for the browser)")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
     if args.world and load_world(args.world) is None:
         parser.error(f"{args.world} is not a pipeline folder (no model_index.json)")
     app = build_app(load_pipeline(args.model), load_world(args.world), speculate=args.speculate)

@@ -29,9 +29,11 @@ def open_video_tab(page, url: str, timeout_ms: int = 60_000) -> None:
                            timeout=timeout_ms)
 
 
-def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, world=None, seed: int = 0) -> dict:
+def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, world=None, seed: int = 0,
+                          threads: int = 1) -> dict:
     import random
 
+    import torch
     from playwright.sync_api import sync_playwright
 
     from visualspec.cli import load_pipeline
@@ -42,6 +44,7 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
     world_pipe = app.load_world(world)
     if world_pipe is None:
         raise SystemExit("no world model found (assets/arena-nfd or --world)")
+    torch.set_num_threads(threads)  # as `python app.py` does by default
     application = app.build_app(load_pipeline(model), world_pipe)
     rng = random.Random(seed)
     results = {}
@@ -68,7 +71,7 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
                 c.close()
             time.sleep(1.0)
         browser.close()
-    return {"seconds": seconds, "results": results}
+    return {"seconds": seconds, "torch_threads": threads, "results": results}
 
 
 def main(argv=None):
@@ -77,9 +80,11 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--model", help="image pipeline folder (default: the shipped shapes model)")
     parser.add_argument("--world", help="video pipeline folder (default: assets/arena-nfd)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per frame generation (the app's default)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    result = run_browser_benchmark([int(n) for n in args.sessions.split(",")], args.seconds, args.model, args.world)
+    result = run_browser_benchmark([int(n) for n in args.sessions.split(",")], args.seconds, args.model, args.world,
+                                   threads=args.threads)
     text = json.dumps(result, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")

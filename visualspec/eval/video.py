@@ -88,6 +88,8 @@ def rollout_player_error(pipe, episodes: int = 8, frames: int = 60, tolerance: f
         errors.append(row)
     err = np.array(errors)
     return {
+        "model": "teacher" if use_teacher else "distilled", "speculate": speculate,
+        "steps": steps or (pipe.config.default_teacher_steps if use_teacher else pipe.config.default_steps),
         "episodes": episodes, "frames": frames, "tolerance_px": tolerance,
         "frames_within_tolerance": float(np.mean(err <= tolerance)),
         "episodes_all_within_tolerance": float(np.mean(np.all(err <= tolerance, axis=1))),

@@ -1,0 +1,61 @@
+"""The shipped arena world model loads, stays small, is the video default, and still plays the game
+(so a broken asset cannot land).
+
+The bounds are what this model reliably does, with margin, and what a broken one (random weights,
+actions ignored, the player lost) cannot: the README reports how far the model is from the
+simulator in full (one-step PSNR, 60-frame rollouts)."""
+
+import numpy as np
+import pytest
+
+from visualspec import VisualSpecPipeline
+from visualspec.eval.video import rollout_player_error, simulator_rollout
+from visualspec.pipelines.shapes_quality import ASSETS
+from visualspec.worlds import arena
+
+WORLD_DIR = ASSETS / "arena-nfd"
+
+
+@pytest.fixture(scope="module")
+def world():
+    pipe = VisualSpecPipeline.from_pretrained(WORLD_DIR)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_the_shipped_world_stays_under_20_mb():
+    size = sum(f.stat().st_size for f in WORLD_DIR.rglob("*") if f.is_file())
+    assert size <= 20 * 2**20, f"{size / 2**20:.1f} MiB"
+
+
+def test_it_is_the_video_default():
+    from visualspec.cli import world_model
+
+    assert type(world_model(None)).__name__ == "NextFramePipeline"
+
+
+def test_the_player_is_kept_and_tracked_in_an_open_loop_rollout(world):
+    """30 frames of two held-out episodes with speculation: the player is found in every frame and
+    its median distance to the simulator's player stays under 8 px (measured: about 6)."""
+    result = rollout_player_error(world, episodes=2, frames=30, speculate=4)
+    assert result["player_not_found"] == 0
+    assert result["median_error_px"] < 8, result
+
+
+def test_held_keys_move_the_player_the_right_way(world):
+    """Each arrow key held for 10 frames, from three starts: summed over the 12 runs, the player
+    moves along the held axis at least a quarter as far as in the simulator (2 px per frame,
+    stopping at walls; measured: about 40 %), in the right direction. A model that ignored the
+    actions would score about 0: with no key held, the player moves (drifts) less than half as far."""
+    moved, expected, idle = 0.0, 0.0, 0.0
+    for seed in range(3):
+        frames = world(actions=["none"] * 10, seed=seed, speculate=4).frames
+        idle += np.abs(np.subtract(arena.detect_player(frames[-1]), arena.detect_player(frames[0]))).sum()
+        for action, axis, sign in [("right", 0, 1), ("left", 0, -1), ("down", 1, 1), ("up", 1, -1)]:
+            actions = [action] * 10
+            frames = world(actions=actions, seed=seed, speculate=4).frames
+            truth = simulator_rollout(seed, actions, world.config.opening_frames)
+            moved += sign * (arena.detect_player(frames[-1])[axis] - arena.detect_player(frames[0])[axis])
+            expected += sign * (arena.player_center(truth[-1])[axis] - arena.player_center(truth[0])[axis])
+    assert moved > 0.25 * expected, (moved, expected)
+    assert idle < 0.5 * moved, (idle, moved)
