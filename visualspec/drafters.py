@@ -130,7 +130,7 @@ class DraftModelDrafter(Drafter):
     guided logits at temperature 1), no more drafts are made this step. The decision depends only
     on the draft model's own outputs, so verification stays lossless; it saves draft forwards that
     would likely be rejected, and lets a long ``window`` pay off where the draft is sure.
-"""
+    """
 
     def __init__(self, model, prefix, tree_scheme: str = "without_replacement", stop_below: float | None = None):
         if tree_scheme not in ("without_replacement", "iid"):
