@@ -111,3 +111,11 @@ def test_training_captions_are_true_of_their_scenes_and_name_more():
         plain += caption == metadata["prompt"]
     # about half of the two-object and uncoloured single-object captions gain words
     assert detailed > 150 and plain > 150
+
+
+def test_ema_update_moves_each_average_a_fraction_towards_the_weights():
+    from visualspec.train import ema_update
+
+    averaged, current = [torch.zeros(3), torch.ones(2)], [torch.ones(3), torch.full((2,), 3.0)]
+    ema_update(averaged, current, decay=0.9)
+    assert torch.allclose(averaged[0], torch.full((3,), 0.1)) and torch.allclose(averaged[1], torch.full((2,), 1.2))

@@ -196,6 +196,13 @@ def claim_work_dir(work_dir, config: dict) -> Path:
     return work
 
 
+@torch.no_grad()
+def ema_update(averaged, current, decay: float) -> None:
+    """One step of an exponential moving average: ``a <- decay * a + (1 - decay) * c`` for each
+    pair of parameters of the two (equally ordered) iterables."""
+    torch._foreach_lerp_(list(averaged), list(current), 1 - decay)
+
+
 def run_stage(desc: str, folder: Path, modules: dict, optimizer, steps: int, step_fn, *, lr: float | None = None,
               warmup: int = 0, checkpoint_seconds: float = 300.0, progress: bool = True) -> None:
     """Run (or resume) one training stage of ``steps`` optimisation steps.
@@ -349,8 +356,7 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if cfg.ema_decay > 0:  # warmed up so early weights do not linger: decay (1 + s) / (10 + s) at first
-            with torch.no_grad():
-                torch._foreach_lerp_(ema_params, params, 1 - min(cfg.ema_decay, (1 + step) / (10 + step)))
+            ema_update(ema_params, params, min(cfg.ema_decay, (1 + step) / (10 + step)))
         return {"loss": loss.item()}
 
     run_stage("text encoder + GPT", work / "gpt", modules, opt, cfg.gpt_steps, step_fn,

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .train import claim_work_dir, run_stage
+from .train import claim_work_dir, ema_update, run_stage
 from .worlds import arena
 
 
@@ -244,9 +244,7 @@ def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, work: Path, dev
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         opt.step()
-        with torch.no_grad():
-            for pe, ps in zip(ema.parameters(), student.parameters()):
-                pe.lerp_(ps, 1 - cfg.ema_decay)
+        ema_update(ema.parameters(), student.parameters(), cfg.ema_decay)
         return {"loss": loss.item()}
 
     run_stage("consistency distillation", work / "distill", {"student": student, "ema": ema}, opt,
