@@ -47,8 +47,18 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def pipe(home):
-    return load_pipeline(None)  # the default (tiny random) model, built once into the temporary home
+def tiny(home):
+    """The tiny random model (batching is plumbing; a trained model would only make it slower)."""
+    from visualspec.pipelines.tiny import tiny_random_pipeline
+
+    folder = home / "tiny-random-llamagen"
+    tiny_random_pipeline(seed=0).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny):
+    return load_pipeline(tiny)
 
 
 @pytest.fixture(scope="module")
@@ -229,13 +239,14 @@ def test_shards_in_process_equal_one_process(pipe, reference, tmp_path, batch_si
     assert snapshot(tmp_path / "two") == one
 
 
-def test_cli_explicit_shards_equal_one_process(reference, home, tmp_path, capsys):
+def test_cli_explicit_shards_equal_one_process(reference, tiny, tmp_path, capsys):
     prompts = write_jsonl(tmp_path / "p.jsonl", GENEVAL)
     for rank in (1, 0):
-        assert main(["batch", "--prompts", str(prompts), "--out", str(tmp_path / "two"), "--images-per-prompt",
-                     "2", "--seed", "7", "--rank", str(rank), "--world-size", "2", "--no-progress"]) == 0
+        assert main(["batch", "--model", tiny, "--prompts", str(prompts), "--out", str(tmp_path / "two"),
+                     "--images-per-prompt", "2", "--seed", "7", "--rank", str(rank), "--world-size", "2",
+                     "--no-progress"]) == 0
     assert snapshot(tmp_path / "two") == reference[2]
-    assert main(["batch", "--prompts", str(prompts), "--out", str(tmp_path / "x"), "--rank", "0"]) == 2
+    assert main(["batch", "--model", tiny, "--prompts", str(prompts), "--out", str(tmp_path / "x"), "--rank", "0"]) == 2
     assert "--world-size" in capsys.readouterr().err
 
 
@@ -252,14 +263,14 @@ def test_resume_refuses_other_settings_or_other_prompts(pipe, tmp_path):
         run(pipe, tmp_path / "x", rank=2, world_size=2)
 
 
-def test_torchrun_two_processes_equal_one_process(reference, home, tmp_path):
+def test_torchrun_two_processes_equal_one_process(reference, home, tiny, tmp_path):
     """A real 2-process gloo run (torchrun, CPU workers) writes the same folder as one process."""
     prompts = write_jsonl(tmp_path / "p.jsonl", GENEVAL)
     out = tmp_path / "torchrun"
     env = {**os.environ, "VISUALSPEC_HOME": str(home), "OMP_NUM_THREADS": "1"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    result = subprocess.run(torchrun + ["-m", "visualspec.cli", "batch", "--prompts", str(prompts), "--out", str(out),
-                                        "--images-per-prompt", "2", "--seed", "7", "--no-progress"],
+    result = subprocess.run(torchrun + ["-m", "visualspec.cli", "batch", "--model", tiny, "--prompts", str(prompts),
+                                        "--out", str(out), "--images-per-prompt", "2", "--seed", "7", "--no-progress"],
                             env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     total = json.loads(result.stdout.strip().splitlines()[-1])

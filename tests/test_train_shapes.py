@@ -12,7 +12,7 @@ from visualspec.train import ShapesTrainingConfig, build_vq, prune_codebook, tra
 
 TINY = dict(codebook_size=64, vq_channels=8, vq_steps=3, vq_batch=2, text_dim=32, text_layers=1, gpt_dim=64,
             gpt_layers=1, gpt_heads=2, gpt_steps=4, gpt_batch=2, warmup_steps=1, codebook_merge_distance=0.0,
-            checkpoint_seconds=0.0)
+            checkpoint_seconds=0.0, compile=False)
 
 
 def test_training_writes_a_pipeline_that_generates(tmp_path):

@@ -72,6 +72,7 @@ class ShapesTrainingConfig:
     caption_detail: float = 0.5
     prefix_rope: str = "identity"  # content-aware attention to the caption (LlamaGen's own is "zeros")
     checkpoint_seconds: float = 300.0
+    compile: bool = True  # torch.compile the GPT's training forward (about 1.2x faster on a 2-core CPU)
     # sampling defaults written into the pipeline folder (chosen on held-out prompts after training;
     # they do not change training, so a work folder may be resumed with other values)
     guidance_scale: float = 3.0
@@ -79,7 +80,8 @@ class ShapesTrainingConfig:
     lantern_k: int = 1000
 
 
-SAMPLING_FIELDS = ("guidance_scale", "top_k", "lantern_k", "checkpoint_seconds")
+# fields that do not change the trained weights (a work folder may be resumed with other values)
+SAMPLING_FIELDS = ("guidance_scale", "top_k", "lantern_k", "checkpoint_seconds", "compile")
 
 
 # ------------------------------------------------------------------------------------ data
@@ -331,6 +333,7 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
     # the pipeline's own prompt encoding (tokenise, encode, left-pad) is what training uses
     helper = LlamaGenPipeline(transformer=gpt, vq_model=vq, text_encoder=encoder, tokenizer=tokenizer)
     autocast = dict(device_type=device.type, dtype=torch.bfloat16)
+    forward = torch.compile(gpt) if cfg.compile else gpt
     gpt.train()
     encoder.train()
     modules = {"encoder": encoder, "gpt": gpt}
@@ -349,7 +352,7 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
         with torch.autocast(**autocast):
             captions, mask = helper.encode_prompt(prompts)
             mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
-            logits = gpt(captions, tokens, cond_mask=mask, drop_condition=drop)
+            logits = forward(captions, tokens, cond_mask=mask, drop_condition=drop)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
