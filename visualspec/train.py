@@ -81,7 +81,7 @@ class ShapesTrainingConfig:
 
 
 # fields that do not change the trained weights (a work folder may be resumed with other values)
-SAMPLING_FIELDS = ("guidance_scale", "top_k", "lantern_k", "checkpoint_seconds", "compile")
+NON_TRAINING_FIELDS = ("guidance_scale", "top_k", "lantern_k", "checkpoint_seconds", "compile")
 
 
 # ------------------------------------------------------------------------------------ data
@@ -377,7 +377,7 @@ def train_shapes(out: str, work_dir: str, cfg: ShapesTrainingConfig | None = Non
     from .pipelines.llamagen import LlamaGenPipeline
 
     cfg = cfg or ShapesTrainingConfig()
-    work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k not in SAMPLING_FIELDS})
+    work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k not in NON_TRAINING_FIELDS})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()
     vq = train_vq(cfg, work, device, progress)
