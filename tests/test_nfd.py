@@ -229,9 +229,9 @@ def test_loss_weights_favour_moving_cells_and_can_drop_clean_context():
     x0 = torch.zeros(1, 3, 2, 4, 4)
     x0[0, 1, :, 2, 3] = 1.0  # one cell appears in frame 1 (and disappears in frame 2)
     taus = torch.tensor([[0.01, 0.5, 0.7]])  # frame 0 is near-clean context
-    plain = loss_weights(x0, taus, ArenaTrainingConfig())
+    plain = loss_weights(x0, taus, ArenaTrainingConfig(motion_weight=0.0, context_weight=1.0))
     assert plain.shape == (1, 3, 1, 4, 4) and torch.equal(plain, torch.ones_like(plain))  # the plain MSE
-    w = loss_weights(x0, taus, ArenaTrainingConfig(motion_weight=4.0, context_weight=0.0))
+    w = loss_weights(x0, taus, ArenaTrainingConfig())  # the defaults: motion_weight 4, context_weight 0
     assert torch.all(w[0, 0] == 0)  # context frame: no loss
     for frame in (1, 2):
         assert w[0, frame, 0, 2, 3] == 5 and w[0, frame].sum() == 5 + 15  # the changed cell weighs 1 + 4

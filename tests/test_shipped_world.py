@@ -36,17 +36,19 @@ def test_it_is_the_video_default():
 
 def test_the_player_is_kept_and_tracked_in_an_open_loop_rollout(world):
     """30 frames of two held-out episodes with speculation: the player is found in every frame and
-    its median distance to the simulator's player stays under 8 px (measured: about 6)."""
+    its median distance to the simulator's player stays under 4 px (measured: 1.9). The earlier
+    model, which moved the player only 40 % as far as the game, measured about 6."""
     result = rollout_player_error(world, episodes=2, frames=30, speculate=4)
     assert result["player_not_found"] == 0
-    assert result["median_error_px"] < 8, result
+    assert result["median_error_px"] < 4, result
 
 
 def test_held_keys_move_the_player_the_right_way(world):
     """Each arrow key held for 10 frames, from three starts: summed over the 12 runs, the player
-    moves along the held axis at least a quarter as far as in the simulator (2 px per frame,
-    stopping at walls; measured: about 40 %), in the right direction. A model that ignored the
-    actions would score about 0: with no key held, the player moves (drifts) less than half as far."""
+    moves along the held axis at least 60 % as far as in the simulator (2 px per frame, stopping
+    at walls; measured: 87 %), in the right direction. The earlier model, trained with the plain
+    mean squared error, measured 40 %; a model that ignored the actions would score about 0 (with
+    no key held the player drifts 5 px in all, against the 187 px the keys move it in the game)."""
     moved, expected, idle = 0.0, 0.0, 0.0
     for seed in range(3):
         frames = world(actions=["none"] * 10, seed=seed, speculate=4).frames
@@ -57,5 +59,5 @@ def test_held_keys_move_the_player_the_right_way(world):
             truth = simulator_rollout(seed, actions, world.config.opening_frames)
             moved += sign * (arena.detect_player(frames[-1])[axis] - arena.detect_player(frames[0])[axis])
             expected += sign * (arena.player_center(truth[-1])[axis] - arena.player_center(truth[0])[axis])
-    assert moved > 0.25 * expected, (moved, expected)
+    assert moved > 0.6 * expected, (moved, expected)
     assert idle < 0.5 * moved, (idle, moved)
