@@ -60,13 +60,13 @@ class LlamaGenPipeline(VisualSpecPipeline):
 
     def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
                  draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0,
-                 default_top_k: int = 0, default_lantern_k: int = 1000):
+                 default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer, draft_model=draft_model)
         # sampling defaults that belong to the model (saved in model_index.json)
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
-                                default_lantern_k=default_lantern_k)
+                                default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta)
         self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ conditions
@@ -166,7 +166,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         window: int = 16,
         jacobi_init: str = "random",
         lantern_k: int | None = None,
-        lantern_delta: float = 0.1,
+        lantern_delta: float | None = None,
         lantern_lambda: float | None = None,
         seed: int | None = None,
         generator=None,
@@ -181,8 +181,8 @@ class LlamaGenPipeline(VisualSpecPipeline):
           lossless), ``"lantern"`` (Jacobi drafts with LANTERN relaxed acceptance, lossy, budget
           ``lantern_delta`` over ``lantern_k`` codebook neighbours, or ``lantern_lambda``), or
           ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless).
-        - ``guidance_scale``, ``top_k`` and ``lantern_k`` default to the model's own settings
-          (``pipe.config.default_*``; LlamaGen's are 4.0, 0 = no top-k, and 1000).
+        - ``guidance_scale``, ``top_k``, ``lantern_k`` and ``lantern_delta`` default to the model's
+          own settings (``pipe.config.default_*``; LlamaGen's are 4.0, 0 = no top-k, 1000 and 0.1).
         - ``temperature=0`` decodes greedily in every mode (drafts verified by argmax match).
         - ``window``: tokens per target forward in the speculative modes.
         - ``seed`` or ``generator`` (a ``torch.Generator`` or one per image) make results repeatable.
@@ -203,6 +203,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
                              "from_pretrained(..., draft_model=model) or use 'sjd'")
         top_k = self.config.default_top_k if top_k is None else top_k
         lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
+        lantern_delta = self.config.default_lantern_delta if lantern_delta is None else lantern_delta
         if decoding == "lantern":
             if lantern_lambda is None and not 0 <= lantern_delta <= 1:
                 raise ValueError(f"lantern_delta must be in [0, 1], got {lantern_delta!r}")

@@ -147,15 +147,21 @@ def test_weights_that_do_not_fit_the_config_get_a_clear_error(tmp_path):
     assert "size" in str(info.value) or "shape" in str(info.value)
 
 
-def test_the_model_supplies_top_k_and_lantern_k_defaults(tmp_path):
+def test_the_model_supplies_top_k_and_lantern_defaults(tmp_path):
     from visualspec.pipelines.tiny import tiny_random_pipeline
 
     pipe = tiny_random_pipeline()
     pipe.set_progress_bar_config(disable=True)
+    pipe.register_to_config(default_lantern_delta=0.9)
+    run = lambda **kw: pipe("a photo of a red circle", decoding="lantern", seed=0, output_type="latent", **kw)  # noqa: E731
+    by_default, explicit, tight = run(), run(lantern_delta=0.9), run(lantern_delta=0.0)
+    assert torch.equal(by_default.images, explicit.images)  # the folder's delta applied
+    assert by_default.stats.target_forwards < tight.stats.target_forwards  # and it matters
     pipe.register_to_config(default_top_k=1, default_lantern_k=7)
     sampled = pipe("a photo of a red circle", decoding="ar", seed=3, output_type="latent").images
     greedy = pipe("a photo of a red circle", decoding="ar", temperature=0, seed=3, output_type="latent").images
     assert torch.equal(sampled, greedy)  # top-1 sampling is greedy: the default applied
+    pipe._neighbour_tables.clear()
     pipe("a photo of a red circle", decoding="lantern", seed=0, output_type="latent")
     assert [k for k, _ in pipe._neighbour_tables] == [7]
     free = pipe("a photo of a red circle", decoding="ar", top_k=0, seed=3, output_type="latent").images
@@ -163,6 +169,7 @@ def test_the_model_supplies_top_k_and_lantern_k_defaults(tmp_path):
     pipe.save_pretrained(tmp_path / "p")
     loaded = type(pipe).from_pretrained(tmp_path / "p")
     assert loaded.config.default_top_k == 1 and loaded.config.default_lantern_k == 7
+    assert loaded.config.default_lantern_delta == 0.9
 
 
 def test_prefix_rope_identity_keeps_the_caption_unrotated():

@@ -31,7 +31,7 @@ def test_training_writes_a_pipeline_that_generates(tmp_path):
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    cfg = ShapesTrainingConfig(**TINY)
+    cfg = ShapesTrainingConfig(**TINY, ema_decay=0.999)  # the moving average is checkpointed and resumed too
     train_shapes(str(tmp_path / "straight"), str(tmp_path / "w1"), cfg, progress=False)
 
     import visualspec.train as train
