@@ -42,8 +42,9 @@ def test_it_draws_scorable_images_well_above_chance(pipe):
 
 
 def test_speculation_pays_off_on_the_trained_model(pipe):
-    """SJD within half of AR's 256 target forwards (measured 99), LANTERN fewer still (measured 74)."""
-    out = pipe("a photo of a red circle and a blue square", decoding="sjd", seed=0)
-    assert out.stats.target_forwards <= 256 / 2
-    lantern = pipe("a photo of a red circle and a blue square", decoding="lantern", seed=0)
-    assert lantern.stats.target_forwards < out.stats.target_forwards
+    """Over four prompts, SJD within half of AR's 256 target forwards and LANTERN (the folder's
+    k and delta) fewer still (measured 108 and 93)."""
+    prompts = [p["prompt"] for p in evaluation_prompts(per_task=1, seed=5)][:4]
+    forwards = {mode: sum(pipe(p, decoding=mode, seed=i).stats.target_forwards for i, p in enumerate(prompts)) / 4
+                for mode in ("sjd", "lantern")}
+    assert forwards["sjd"] <= 256 / 2 and forwards["lantern"] < forwards["sjd"], forwards
