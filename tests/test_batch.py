@@ -48,12 +48,11 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny(home):
-    """The tiny random model (batching is plumbing; a trained model would only make it slower)."""
-    from visualspec.pipelines.tiny import tiny_random_pipeline
+    """The tiny random model, built into the temporary home (batching is plumbing; a trained model
+    would only make it slower)."""
+    from visualspec.cli import tiny_random_folder
 
-    folder = home / "tiny-random-llamagen"
-    tiny_random_pipeline(seed=0).save_pretrained(folder)
-    return str(folder)
+    return tiny_random_folder()
 
 
 @pytest.fixture(scope="module")

@@ -33,12 +33,19 @@ def default_model() -> tuple[str, str]:
 
     if (shipped / "model_index.json").is_file():
         return str(shipped), "shipped shapes model"
-    from .pipelines.tiny import TINY_RANDOM_NAME, tiny_random_pipeline
+    from .pipelines.tiny import TINY_RANDOM_NAME
+
+    return tiny_random_folder(), TINY_RANDOM_NAME
+
+
+def tiny_random_folder() -> str:
+    """The tiny random model's folder in the cache, built offline on first use."""
+    from .pipelines.tiny import tiny_random_pipeline
 
     folder = cache_dir() / "tiny-random-llamagen"
     if not (folder / "model_index.json").is_file():
         tiny_random_pipeline(seed=0).save_pretrained(folder)
-    return str(folder), TINY_RANDOM_NAME
+    return str(folder)
 
 
 def load_pipeline(model: str | None):
