@@ -84,16 +84,17 @@ def test_training_captions_are_true_of_their_scenes_and_name_more():
 
     import numpy as np
 
-    from visualspec.train import training_caption
+    from visualspec.train import raster_index, training_caption
     from visualspec.worlds import shapes
 
     rng = np.random.default_rng(0)
+    ordered = 0
     noun = r"an? (?:(\w+) )?(circle|square|triangle)"
     pattern = re.compile(rf"a photo of {noun}(?: (and|left of|right of|above|below) {noun})?$")
     detailed = plain = 0
     for _ in range(600):
         image, metadata, objects = shapes.sample(rng)
-        caption = training_caption(metadata, objects, rng, detail=0.5)
+        caption = training_caption(metadata, objects, rng, detail=0.5, order="raster")
         if metadata["tag"] == "counting":
             assert caption == metadata["prompt"]
             continue
@@ -108,10 +109,36 @@ def test_training_captions_are_true_of_their_scenes_and_name_more():
             assert c is None or by_shape[s].color == c, (caption, objects)
         if rel and rel != "and":
             assert shapes.relative_position(by_shape[s1].box, by_shape[s2].box) == {rel}, (caption, objects)
+        if rel and metadata["tag"] != "position":  # named in the order they are drawn
+            assert raster_index(by_shape[s1]) < raster_index(by_shape[s2]), (caption, objects)
+            ordered += 1
         detailed += caption != metadata["prompt"]
         plain += caption == metadata["prompt"]
     # about half of the two-object and uncoloured single-object captions gain words
     assert detailed > 150 and plain > 150
+    assert ordered > 100
+
+
+def test_raster_index_is_the_first_token_an_object_covers():
+    import numpy as np
+
+    from visualspec.train import raster_index, training_caption
+    from visualspec.worlds import shapes
+
+    # a square's first token is its top-left corner's; a triangle's is its apex's
+    assert raster_index(shapes.ShapeObject("square", "red", (9, 20, 21, 32))) == 5 * 16 + 2
+    assert raster_index(shapes.ShapeObject("triangle", "red", (40, 20, 60, 40))) == 5 * 16 + (49 // 4)
+    lower = shapes.ShapeObject("circle", "red", (0, 40, 14, 54))
+    upper = shapes.ShapeObject("square", "blue", (40, 2, 54, 16))
+    metadata = {"tag": "two_object", "prompt": "a photo of a circle and a square",
+                "include": [{"class": "circle", "count": 1}, {"class": "square", "count": 1}]}
+    rng = np.random.default_rng(0)
+    captions = {training_caption(metadata, [lower, upper], rng, detail=0.0, order="raster") for _ in range(20)}
+    assert captions == {"a photo of a square and a circle"}
+    shuffled = {training_caption(metadata, [lower, upper], rng, detail=0.0) for _ in range(40)}  # "random"
+    assert shuffled == {"a photo of a square and a circle", "a photo of a circle and a square"}
+    with pytest.raises(ValueError, match="caption order"):
+        training_caption(metadata, [lower, upper], rng, detail=0.0, order="sorted")
 
 
 def test_ema_update_moves_each_average_a_fraction_towards_the_weights():
@@ -137,3 +164,16 @@ def test_compiled_training_learns_the_same_weights(tmp_path):
         updates.append(torch.cat([(trained[f"gpt/{k}"] - v).flatten() for k, v in initial.state_dict().items()]))
     # measured 0.016; a compiled forward that ignored the dropped captions gave 0.47
     assert (updates[0] - updates[1]).norm() < 0.05 * updates[0].norm()
+
+
+def test_train_shapes_command_passes_the_caption_order(monkeypatch, tmp_path):
+    import visualspec.train
+    from visualspec.cli import main
+
+    seen = []
+    monkeypatch.setattr(visualspec.train, "train_shapes", lambda out, work, cfg: seen.append(cfg.caption_order))
+    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "raster"]) == 0
+    assert main(["train-shapes", "--out", str(tmp_path / "b")]) == 0
+    assert seen == ["raster", "random"]
+    with pytest.raises(SystemExit):
+        main(["train-shapes", "--out", str(tmp_path / "c"), "--caption-order", "sorted"])

@@ -204,13 +204,13 @@ def cmd_eval(args) -> int:
 
 
 def cmd_train_shapes(args) -> int:
-    from .train import train_feature_net, train_shapes
+    from .train import ShapesTrainingConfig, train_feature_net, train_shapes
 
     if args.features_out:
         train_feature_net(args.features_out, seed=args.seed)
         print(args.features_out)
     if args.out:
-        train_shapes(args.out, args.work_dir)
+        train_shapes(args.out, args.work_dir, ShapesTrainingConfig(caption_order=args.caption_order))
         print(args.out)
     return 0
 
@@ -360,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
     t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--caption-order", choices=["random", "raster"], default="random",
+                   help="name two objects in either order (the shipped model's recipe) or in the order they are drawn")
     t.set_defaults(func=cmd_train_shapes)
 
     v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
