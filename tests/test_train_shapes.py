@@ -135,7 +135,7 @@ def test_raster_index_is_the_first_token_an_object_covers():
     rng = np.random.default_rng(0)
     captions = {training_caption(metadata, [lower, upper], rng, detail=0.0, order="raster") for _ in range(20)}
     assert captions == {"a photo of a square and a circle"}
-    shuffled = {training_caption(metadata, [lower, upper], rng, detail=0.0) for _ in range(40)}  # "random"
+    shuffled = {training_caption(metadata, [lower, upper], rng, detail=0.0, order="random") for _ in range(40)}
     assert shuffled == {"a photo of a square and a circle", "a photo of a circle and a square"}
     with pytest.raises(ValueError, match="caption order"):
         training_caption(metadata, [lower, upper], rng, detail=0.0, order="sorted")
@@ -172,8 +172,8 @@ def test_train_shapes_command_passes_the_caption_order(monkeypatch, tmp_path):
 
     seen = []
     monkeypatch.setattr(visualspec.train, "train_shapes", lambda out, work, cfg: seen.append(cfg.caption_order))
-    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "raster"]) == 0
+    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random"]) == 0
     assert main(["train-shapes", "--out", str(tmp_path / "b")]) == 0
-    assert seen == ["raster", "random"]
+    assert seen == ["random", "raster"]
     with pytest.raises(SystemExit):
         main(["train-shapes", "--out", str(tmp_path / "c"), "--caption-order", "sorted"])

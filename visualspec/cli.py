@@ -360,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
     t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--caption-order", choices=["random", "raster"], default="random",
-                   help="name two objects in either order (the shipped model's recipe) or in the order they are drawn")
+    t.add_argument("--caption-order", choices=["raster", "random"], default="raster",
+                   help="name two objects in the order they are drawn (the shipped model's recipe) or in either order")
     t.set_defaults(func=cmd_train_shapes)
 
     v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
