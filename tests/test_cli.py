@@ -51,9 +51,12 @@ def test_console_script_is_installed():
 
 
 def test_bench_quality_scores_the_timed_images(home, tmp_path):
+    """The plumbing, on the tiny random model (the shipped model's quality has its own tests)."""
+    from visualspec.cli import tiny_random_folder
+
     report = tmp_path / "q.json"
     assert main(["bench", "--quality", "--per-task", "1", "--json", str(report), "--lantern-k", "8",
-                 "--keep-images", str(tmp_path / "imgs")]) == 0
+                 "--model", tiny_random_folder(), "--keep-images", str(tmp_path / "imgs")]) == 0
     result = json.loads(report.read_text())
     assert result["images_per_mode"] == 6
     for mode in ("ar", "sjd", "lantern"):

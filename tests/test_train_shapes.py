@@ -166,14 +166,47 @@ def test_compiled_training_learns_the_same_weights(tmp_path):
     assert (updates[0] - updates[1]).norm() < 0.05 * updates[0].norm()
 
 
-def test_train_shapes_command_passes_the_caption_order(monkeypatch, tmp_path):
+def test_train_shapes_command_passes_the_caption_order_and_seed(monkeypatch, tmp_path):
     import visualspec.train
     from visualspec.cli import main
 
     seen = []
-    monkeypatch.setattr(visualspec.train, "train_shapes", lambda out, work, cfg: seen.append(cfg.caption_order))
-    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random"]) == 0
+    monkeypatch.setattr(visualspec.train, "train_shapes", lambda out, work, cfg: seen.append((cfg.caption_order, cfg.seed)))
+    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random", "--seed", "3"]) == 0
     assert main(["train-shapes", "--out", str(tmp_path / "b")]) == 0
-    assert seen == ["random", "raster"]
+    assert seen == [("random", 3), ("raster", 0)]
     with pytest.raises(SystemExit):
         main(["train-shapes", "--out", str(tmp_path / "c"), "--caption-order", "sorted"])
+
+
+def test_training_runs_in_bfloat16_only_where_the_hardware_runs_it_fast(monkeypatch):
+    import visualspec.train as train
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("VISUALSPEC_TRAIN_PRECISION", raising=False)
+    for fast in (True, False):  # an AVX2-only CPU runs bfloat16 products hundreds of times slower
+        monkeypatch.setattr(train, "_bfloat16_is_fast_on_cpu", lambda: fast)
+        assert train.training_autocast(cpu) == dict(device_type="cpu", dtype=torch.bfloat16, enabled=fast)
+    monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "bf16")
+    assert train.training_autocast(cpu)["enabled"]
+    monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "fp32")
+    monkeypatch.setattr(train, "_bfloat16_is_fast_on_cpu", lambda: True)
+    assert not train.training_autocast(cpu)["enabled"]
+    monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "half")
+    with pytest.raises(ValueError, match="VISUALSPEC_TRAIN_PRECISION"):
+        train.training_autocast(cpu)
+
+
+def test_the_shipped_model_is_what_train_shapes_trains_by_default():
+    """``visualspec train-shapes`` with no options reproduces ``assets/shapes-t2i``: its recorded
+    configuration is today's default, sampling defaults included, and the folder carries them."""
+    from dataclasses import asdict
+
+    from visualspec.pipelines.shapes_quality import SHAPES_T2I_DIR
+
+    record = json.loads((SHAPES_T2I_DIR / "training.json").read_text())
+    default = json.loads(json.dumps(asdict(ShapesTrainingConfig())))
+    assert record["config"] == default
+    folder = json.loads((SHAPES_T2I_DIR / "model_index.json").read_text())
+    for field in ("guidance_scale", "top_k", "lantern_k", "lantern_delta", "jacobi_init"):
+        assert folder[f"default_{field}"] == default[field], field

@@ -210,7 +210,7 @@ def cmd_train_shapes(args) -> int:
         train_feature_net(args.features_out, seed=args.seed)
         print(args.features_out)
     if args.out:
-        train_shapes(args.out, args.work_dir, ShapesTrainingConfig(caption_order=args.caption_order))
+        train_shapes(args.out, args.work_dir, ShapesTrainingConfig(seed=args.seed, caption_order=args.caption_order))
         print(args.out)
     return 0
 
@@ -301,7 +301,8 @@ def _add_decoding_args(p):
     p.add_argument("--top-k", type=int, default=None, help="default: the model's own (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--window", type=int, default=16, help="tokens per target forward in speculative modes")
-    p.add_argument("--jacobi-init", default="random", choices=["random", "repeat_left", "repeat_above"])
+    p.add_argument("--jacobi-init", default=None, choices=["random", "repeat_left", "repeat_above"],
+                   help="how SJD/LANTERN fill fresh window positions (default: the model's own)")
     p.add_argument("--lantern-k", type=int, default=None, help="default: the model's own")
     p.add_argument("--lantern-delta", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)

@@ -19,14 +19,15 @@ is no dataset to store, and step s always sees the same batch):
    checkpointed with them.
 
 Checkpoints (safetensors + JSON) are written to ``--work-dir`` every few minutes; rerunning the
-same command resumes where it stopped. A GPU is used when present; on a CPU the GPT trains in
-bfloat16 autocast. The final pipeline stores the GPT in float16 to keep the asset small (it is
-loaded back in float32).
+same command resumes where it stopped. A GPU is used when present. The GPT trains in bfloat16
+autocast where the hardware runs bfloat16 fast, else in float32 (:func:`training_autocast`). The
+final pipeline stores the GPT in float16 to keep the asset small (it is loaded back in float32).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
@@ -84,11 +85,16 @@ class ShapesTrainingConfig:
     guidance_scale: float = 3.0
     top_k: int = 0
     lantern_k: int = 16  # LANTERN's neighbourhood in the merged codebook (about 100 codes) and its
-    lantern_delta: float = 0.25  # total-variation budget: 0.355 of AR's forwards, GenEval near SJD's
+    lantern_delta: float = 0.05  # total-variation budget: with vertical drafts 0.25 of AR's forwards at 0.05
+    # (GenEval 0.48, AR 0.44), 0.245 at 0.1 (0.41), 0.224 at 0.25 (0.39): the smallest budget keeps quality
+    # fresh Jacobi drafts repeat the token one row above: on a flat background they are mostly
+    # right, so SJD and LANTERN need about a quarter fewer forwards than with random drafts
+    jacobi_init: str = "repeat_above"
 
 
 # fields that do not change the trained weights (a work folder may be resumed with other values)
-NON_TRAINING_FIELDS = ("guidance_scale", "top_k", "lantern_k", "lantern_delta", "checkpoint_seconds", "compile")
+NON_TRAINING_FIELDS = ("guidance_scale", "top_k", "lantern_k", "lantern_delta", "jacobi_init", "checkpoint_seconds",
+                       "compile")
 
 
 # ------------------------------------------------------------------------------------ data
@@ -219,6 +225,43 @@ def claim_work_dir(work_dir, config: dict) -> Path:
         raise ValueError(f"{work} holds a run with another configuration; use a new --work-dir")
     saved.write_text(json.dumps(config, indent=1))
     return work
+
+
+@functools.lru_cache(maxsize=None)
+def _bfloat16_is_fast_on_cpu(size: int = 256, repeats: int = 3) -> bool:
+    """Whether a bfloat16 matrix product runs at least half as fast as a float32 one on this CPU.
+
+    CPUs with bfloat16 instructions (AVX512-BF16, AMX) run it faster; AVX2-only CPUs have no
+    bfloat16 kernels and run it hundreds of times slower (measured on a 2-core AMD EPYC with AVX2:
+    0.28 against 146 GFLOP/s), which would turn a 90-minute training run into weeks.
+    """
+    def best_seconds(dtype):
+        a = torch.randn(size, size).to(dtype)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ a
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best_seconds(torch.bfloat16) <= 2 * best_seconds(torch.float32)
+
+
+def training_autocast(device: torch.device) -> dict:
+    """``torch.autocast`` arguments for a training forward on ``device``: bfloat16 where the hardware
+    runs it fast (a CUDA GPU that supports it, a CPU with bfloat16 instructions), else disabled
+    (float32). ``VISUALSPEC_TRAIN_PRECISION=bf16`` or ``fp32`` overrides the choice."""
+    forced = os.environ.get("VISUALSPEC_TRAIN_PRECISION", "auto")
+    if forced not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"VISUALSPEC_TRAIN_PRECISION must be auto, bf16 or fp32, got {forced!r}")
+    if forced == "auto":
+        if device.type == "cuda":
+            use = torch.cuda.is_bf16_supported()
+        else:
+            use = device.type == "cpu" and _bfloat16_is_fast_on_cpu()
+    else:
+        use = forced == "bf16"
+    return dict(device_type=device.type, dtype=torch.bfloat16, enabled=use)
 
 
 @torch.no_grad()
@@ -355,7 +398,7 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
     opt = torch.optim.AdamW(params, lr=cfg.gpt_lr, betas=(0.9, 0.95), weight_decay=0.05)
     # the pipeline's own prompt encoding (tokenise, encode, left-pad) is what training uses
     helper = LlamaGenPipeline(transformer=gpt, vq_model=vq, text_encoder=encoder, tokenizer=tokenizer)
-    autocast = dict(device_type=device.type, dtype=torch.bfloat16)
+    autocast = training_autocast(device)
     forward = torch.compile(gpt) if cfg.compile else gpt
     gpt.train()
     encoder.train()
@@ -413,7 +456,8 @@ def train_shapes(out: str, work_dir: str, cfg: ShapesTrainingConfig | None = Non
     pipe = LlamaGenPipeline(transformer=gpt.cpu().half(), vq_model=vq.to("cpu"),
                             text_encoder=encoder.to("cpu"), tokenizer=tokenizer,
                             default_guidance_scale=cfg.guidance_scale, default_top_k=cfg.top_k,
-                            default_lantern_k=cfg.lantern_k, default_lantern_delta=cfg.lantern_delta)
+                            default_lantern_k=cfg.lantern_k, default_lantern_delta=cfg.lantern_delta,
+                            default_jacobi_init=cfg.jacobi_init)
     pipe.save_pretrained(out)
     (Path(out) / "training.json").write_text(json.dumps(
         {"config": asdict(cfg), "command": "visualspec train-shapes", "seconds_this_run": round(time.time() - t0)},

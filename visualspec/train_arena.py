@@ -19,7 +19,8 @@ Three stages on seeded episodes of the arena world (:mod:`visualspec.worlds.aren
    tau_{n-1} (the estimate at tau = 0 is the input itself, the boundary condition).
 
 The pipeline folder stores all three models in float16 (about 8 MB). Checkpoints (safetensors + JSON) go to ``--work-dir`` every few minutes; rerunning resumes. A GPU
-is used when present; on a CPU the transformer trains in bfloat16 autocast.
+is used when present; the transformer trains in bfloat16 autocast where the hardware runs it fast
+(``visualspec.train.training_autocast``), else in float32.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .train import claim_work_dir, ema_update, run_stage
+from .train import claim_work_dir, ema_update, run_stage, training_autocast
 from .worlds import arena
 
 
@@ -185,7 +186,7 @@ def loss_weights(x0: torch.Tensor, taus: torch.Tensor, cfg: ArenaTrainingConfig)
 def train_transformer(cfg: ArenaTrainingConfig, latents, actions, work: Path, device, progress=True):
     model = build_transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    autocast = dict(device_type=device.type, dtype=torch.bfloat16)
+    autocast = training_autocast(device)
     model.train()
 
     def step_fn(step):
@@ -216,7 +217,7 @@ def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, work: Path, dev
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.distill_lr, weight_decay=0.0)
     for p in list(teacher.parameters()) + list(ema.parameters()):
         p.requires_grad_(False)
-    autocast = dict(device_type=device.type, dtype=torch.bfloat16)
+    autocast = training_autocast(device)
 
     def step_fn(step):
         rng = np.random.default_rng([cfg.seed, 31, step])

@@ -13,7 +13,7 @@ assisted generation as well as with :func:`visualspec.generate_text`:
 
 Both train on random 256-token windows of the concatenated training files (the window positions
 come from the seed and the step, so the stream is reproducible and resumable), with AdamW, warmup
-and cosine decay, in bfloat16 autocast on a CPU. Checkpoints go to ``--work-dir`` every few
+and cosine decay, in bfloat16 autocast where the hardware runs it fast (else float32). Checkpoints go to ``--work-dir`` every few
 minutes. The folder written to ``--out`` holds ``tokenizer/``, ``target/`` and ``draft/``
 (transformers ``save_pretrained`` folders, safetensors in float16).
 """
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .train import claim_work_dir, run_stage
+from .train import claim_work_dir, run_stage, training_autocast
 
 
 @dataclass
@@ -120,7 +120,7 @@ def train_lm(cfg: TextPairConfig, name: str, model, stream, steps: int, work: Pa
 
     def step_fn(step):
         x = _batch(stream, cfg, step, salt).to(device)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(**training_autocast(device)):
             logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
