@@ -60,13 +60,15 @@ class LlamaGenPipeline(VisualSpecPipeline):
 
     def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
                  draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0,
-                 default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1):
+                 default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
+                 default_jacobi_init: str = "random"):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer, draft_model=draft_model)
         # sampling defaults that belong to the model (saved in model_index.json)
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
-                                default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta)
+                                default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta,
+                                default_jacobi_init=default_jacobi_init)
         self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ conditions
@@ -164,7 +166,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         top_k: int | None = None,
         top_p: float = 1.0,
         window: int = 16,
-        jacobi_init: str = "random",
+        jacobi_init: str | None = None,
         lantern_k: int | None = None,
         lantern_delta: float | None = None,
         lantern_lambda: float | None = None,
@@ -181,8 +183,12 @@ class LlamaGenPipeline(VisualSpecPipeline):
           lossless), ``"lantern"`` (Jacobi drafts with LANTERN relaxed acceptance, lossy, budget
           ``lantern_delta`` over ``lantern_k`` codebook neighbours, or ``lantern_lambda``), or
           ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless).
-        - ``guidance_scale``, ``top_k``, ``lantern_k`` and ``lantern_delta`` default to the model's
-          own settings (``pipe.config.default_*``; LlamaGen's are 4.0, 0 = no top-k, 1000 and 0.1).
+        - ``guidance_scale``, ``top_k``, ``lantern_k``, ``lantern_delta`` and ``jacobi_init`` default
+          to the model's own settings (``pipe.config.default_*``; LlamaGen's are 4.0, 0 = no top-k,
+          1000, 0.1 and ``"random"``).
+        - ``jacobi_init``: how SJD and LANTERN fill window positions nobody has predicted yet:
+          ``"random"`` tokens (SJD's paper), or the token to the left (``"repeat_left"``) or one row
+          above (``"repeat_above"``). The rule stays exact for any of them; only speed changes.
         - ``temperature=0`` decodes greedily in every mode (drafts verified by argmax match).
         - ``window``: tokens per target forward in the speculative modes.
         - ``seed`` or ``generator`` (a ``torch.Generator`` or one per image) make results repeatable.
@@ -196,6 +202,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
             raise ValueError(f"window must be an integer >= 1, got {window!r}")
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
+        jacobi_init = self.config.default_jacobi_init if jacobi_init is None else jacobi_init
         if jacobi_init not in INIT_SCHEMES:
             raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
         if decoding == "speculative" and self.draft_model is None:

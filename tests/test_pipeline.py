@@ -172,6 +172,25 @@ def test_the_model_supplies_top_k_and_lantern_defaults(tmp_path):
     assert loaded.config.default_lantern_delta == 0.9
 
 
+def test_the_model_supplies_the_jacobi_init(tmp_path):
+    from visualspec.pipelines.tiny import tiny_random_pipeline
+
+    pipe = tiny_random_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.config.default_jacobi_init == "random"  # SJD's own, for folders that name none
+    run = lambda **kw: pipe("a photo of a red circle", decoding="sjd", seed=0, output_type="latent", **kw)  # noqa: E731
+    random_init, above = run(jacobi_init="random"), run(jacobi_init="repeat_above")
+    assert not torch.equal(random_init.images, above.images)  # the init changes which drafts are made
+    pipe.register_to_config(default_jacobi_init="repeat_above")
+    assert torch.equal(run().images, above.images)
+    assert torch.equal(run(jacobi_init="random").images, random_init.images)  # an explicit init overrides
+    pipe.save_pretrained(tmp_path / "p")
+    assert type(pipe).from_pretrained(tmp_path / "p").config.default_jacobi_init == "repeat_above"
+    pipe.register_to_config(default_jacobi_init="sideways")
+    with pytest.raises(ValueError, match="sideways"):
+        run()
+
+
 def test_prefix_rope_identity_keeps_the_caption_unrotated():
     from visualspec.models.llamagen import LlamaGenGPT, rope_2d
 

@@ -42,9 +42,10 @@ def test_it_draws_scorable_images_well_above_chance(pipe):
 
 
 def test_speculation_pays_off_on_the_trained_model(pipe):
-    """Over four prompts, SJD within half of AR's 256 target forwards and LANTERN (the folder's
-    k and delta) fewer still (measured 117 and 92)."""
+    """Over four prompts, with the folder's defaults (vertical Jacobi init, LANTERN's k and delta),
+    SJD within half of AR's 256 target forwards and LANTERN within a third (measured 81 and 70;
+    with random init, SJD's paper's, 117 and 102: LANTERN over the third)."""
     prompts = [p["prompt"] for p in evaluation_prompts(per_task=1, seed=5)][:4]
     forwards = {mode: sum(pipe(p, decoding=mode, seed=i).stats.target_forwards for i, p in enumerate(prompts)) / 4
                 for mode in ("sjd", "lantern")}
-    assert forwards["sjd"] <= 256 / 2 and forwards["lantern"] < forwards["sjd"], forwards
+    assert forwards["sjd"] <= 256 / 2 and forwards["lantern"] <= 256 / 3, forwards
