@@ -13,9 +13,9 @@ assisted generation as well as with :func:`visualspec.generate_text`:
 
 Both train on random 256-token windows of the concatenated training files (the window positions
 come from the seed and the step, so the stream is reproducible and resumable), with AdamW, warmup
-and cosine decay, in bfloat16 autocast where the hardware runs it fast (else float32). Checkpoints go to ``--work-dir`` every few
-minutes. The folder written to ``--out`` holds ``tokenizer/``, ``target/`` and ``draft/``
-(transformers ``save_pretrained`` folders, safetensors in float16).
+and cosine decay, in bfloat16 autocast where the hardware runs it fast (else float32). Checkpoints
+go to ``--work-dir`` every few minutes. The folder written to ``--out`` holds ``tokenizer/``,
+``target/`` and ``draft/`` (transformers ``save_pretrained`` folders, safetensors in float16).
 """
 
 from __future__ import annotations
@@ -117,10 +117,11 @@ def train_lm(cfg: TextPairConfig, name: str, model, stream, steps: int, work: Pa
     model = model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.05)
     salt = 1 if name == "target" else 2
+    autocast = training_autocast(device)
 
     def step_fn(step):
         x = _batch(stream, cfg, step, salt).to(device)
-        with torch.autocast(**training_autocast(device)):
+        with torch.autocast(**autocast):
             logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
