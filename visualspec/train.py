@@ -84,9 +84,11 @@ class ShapesTrainingConfig:
     # they do not change training, so a work folder may be resumed with other values)
     guidance_scale: float = 3.0
     top_k: int = 0
-    lantern_k: int = 16  # LANTERN's neighbourhood in the merged codebook (about 100 codes) and its
-    lantern_delta: float = 0.05  # total-variation budget: with vertical drafts 0.25 of AR's forwards at 0.05
-    # (GenEval 0.48, AR 0.44), 0.245 at 0.1 (0.41), 0.224 at 0.25 (0.39): the smallest budget keeps quality
+    # LANTERN's neighbourhood in the merged codebook (about 100 codes) and total-variation budget.
+    # With vertical drafts: 0.25 of AR's forwards at delta 0.05 (GenEval 0.48, AR 0.44), 0.245 at 0.1
+    # (0.41), 0.224 at 0.25 (0.39); within noise, so the smallest budget, closest to the model's law
+    lantern_k: int = 16
+    lantern_delta: float = 0.05
     # fresh Jacobi drafts repeat the token one row above: on a flat background they are mostly
     # right, so SJD and LANTERN need about a quarter fewer forwards than with random drafts
     jacobi_init: str = "repeat_above"
