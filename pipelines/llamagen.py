@@ -61,14 +61,15 @@ class LlamaGenPipeline(VisualSpecPipeline):
     def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
                  draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0,
                  default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
-                 default_jacobi_init: str = "random"):
+                 default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer, draft_model=draft_model)
         # sampling defaults that belong to the model (saved in model_index.json)
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
                                 default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta,
-                                default_jacobi_init=default_jacobi_init)
+                                default_jacobi_init=default_jacobi_init,
+                                default_epsilon_cutoff=default_epsilon_cutoff)
         self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ conditions
@@ -165,6 +166,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float = 1.0,
+        epsilon_cutoff: float | None = None,
         window: int = 16,
         jacobi_init: str | None = None,
         lantern_k: int | None = None,
@@ -183,9 +185,11 @@ class LlamaGenPipeline(VisualSpecPipeline):
           lossless), ``"lantern"`` (Jacobi drafts with LANTERN relaxed acceptance, lossy, budget
           ``lantern_delta`` over ``lantern_k`` codebook neighbours, or ``lantern_lambda``), or
           ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless).
-        - ``guidance_scale``, ``top_k``, ``lantern_k``, ``lantern_delta`` and ``jacobi_init`` default
-          to the model's own settings (``pipe.config.default_*``; LlamaGen's are 4.0, 0 = no top-k,
-          1000, 0.1 and ``"random"``).
+        - ``guidance_scale``, ``top_k``, ``epsilon_cutoff``, ``lantern_k``, ``lantern_delta`` and
+          ``jacobi_init`` default to the model's own settings (``pipe.config.default_*``; LlamaGen's
+          are 4.0, 0 = no top-k, 0 = no cut-off, 1000, 0.1 and ``"random"``).
+        - ``epsilon_cutoff``: leave out tokens whose conditional probability (before guidance) is
+          below it, so guidance cannot promote them (see ``SamplingConfig``).
         - ``jacobi_init``: how SJD and LANTERN fill window positions nobody has predicted yet:
           ``"random"`` tokens (SJD's paper), or the token to the left (``"repeat_left"``) or one row
           above (``"repeat_above"``). The rule stays exact for any of them; only speed changes.
@@ -209,6 +213,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
             raise ValueError("decoding='speculative' needs a draft_model; load one with "
                              "from_pretrained(..., draft_model=model) or use 'sjd'")
         top_k = self.config.default_top_k if top_k is None else top_k
+        epsilon_cutoff = self.config.default_epsilon_cutoff if epsilon_cutoff is None else epsilon_cutoff
         lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
         lantern_delta = self.config.default_lantern_delta if lantern_delta is None else lantern_delta
         if decoding == "lantern":
@@ -220,7 +225,8 @@ class LlamaGenPipeline(VisualSpecPipeline):
                 raise ValueError(f"lantern_k must be an integer >= 1, got {lantern_k!r}")
         if guidance_scale is None:
             guidance_scale = self.config.default_guidance_scale
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale,
+                                  epsilon_cutoff=epsilon_cutoff)
 
         cond = self._conditions(prompt, class_labels, num_images_per_prompt)
         gen = make_generator(seed, generator)

@@ -24,7 +24,8 @@ GENEVAL = [
 ]
 PROMPTS = [m["prompt"] for m in GENEVAL]
 # what the command line passes to the pipeline by default (so in-process runs match CLI runs exactly)
-CLI_KWARGS = dict(guidance_scale=None, temperature=1.0, top_k=None, top_p=1.0, window=16, jacobi_init=None)
+CLI_KWARGS = dict(guidance_scale=None, temperature=1.0, top_k=None, top_p=1.0, epsilon_cutoff=None, window=16,
+                  jacobi_init=None)
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,15 @@ def test_bench_runs_every_mode_side_by_side(home):
     assert result["sjd"]["target_forwards_per_image"] < 256
 
 
+def test_choice_lists_match_the_pipeline():
+    from visualspec.cli import JACOBI_INITS, MODES
+    from visualspec.drafters import INIT_SCHEMES
+    from visualspec.pipelines.llamagen import DECODING_MODES
+
+    assert MODES == DECODING_MODES
+    assert JACOBI_INITS == INIT_SCHEMES
+
+
 def test_console_script_is_installed():
     """The README installs the package, so the ``visualspec`` command must exist."""
     result = subprocess.run(["visualspec", "--help"], capture_output=True, text=True)

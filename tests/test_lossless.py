@@ -56,6 +56,35 @@ def test_sjd_is_lossless(sampling, init):
     assert fit.passed, fit
 
 
+def test_sjd_is_lossless_with_the_epsilon_cutoff():
+    """The cut-off reads the conditional rows of the forward; drafts and verification must both
+    see it. It must bite here: some sequences the guided law allows are cut to zero."""
+    model = tiny_llamagen(seed=0, vocab_size=V, block_size=N)
+    sampling = SamplingConfig(guidance_scale=2.5, epsilon_cutoff=0.2)
+    _, cut = exact_sequence_distribution(model, labels_prefix(sampling), N, sampling)
+    _, uncut = exact_sequence_distribution(model, labels_prefix(sampling), N, SamplingConfig(guidance_scale=2.5))
+    assert (cut == 0).sum() > 0 and (uncut == 0).sum() == 0
+    fit = fit_for(model, labels_prefix(sampling), sampling,
+                  drafter=lambda rows: JacobiDrafter(V, "repeat_above", grid_width=2), window=4)
+    assert fit.passed, fit
+
+
+def test_the_harness_fails_samples_of_impossible_sequences():
+    """Control for the test above: AR that forgets the cut-off draws sequences the cut law gives
+    probability 0, and a single such sample fails the fit."""
+    model = tiny_llamagen(seed=0, vocab_size=V, block_size=N)
+    cut = SamplingConfig(guidance_scale=2.5, epsilon_cutoff=0.2)
+    seqs, probs = exact_sequence_distribution(model, labels_prefix(cut), N, cut)
+    forgetful = sample_sequences(model, labels_prefix(cut), N, SamplingConfig(guidance_scale=2.5), 4000)
+    assert chi_square_fit(forgetful, seqs, probs).impossible > 0
+    assert not chi_square_fit(forgetful, seqs, probs).passed
+    faithful = sample_sequences(model, labels_prefix(cut), N, cut, 4000)
+    fit = chi_square_fit(faithful, seqs, probs)
+    assert fit.passed, fit
+    one_off = torch.cat([faithful, seqs[probs == 0][:1]])
+    assert not chi_square_fit(one_off, seqs, probs).passed
+
+
 def test_ar_is_lossless():
     model = tiny_llamagen(seed=1, vocab_size=V, block_size=N)
     assert fit_for(model, labels_prefix(GUIDED), GUIDED).passed

@@ -103,6 +103,7 @@ def test_class_conditional_pipeline_with_a_draft_model(tmp_path):
     (dict(top_k=-5), "top_k"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.2), "top_p"),
+    (dict(epsilon_cutoff=1.0), "epsilon_cutoff"),
     (dict(output_type="gif"), "output_type"),
     (dict(decoding="speculative"), "draft_model"),
     (dict(decoding="lantern", lantern_delta=2.0), "lantern_delta"),
@@ -170,6 +171,29 @@ def test_the_model_supplies_top_k_and_lantern_defaults(tmp_path):
     loaded = type(pipe).from_pretrained(tmp_path / "p")
     assert loaded.config.default_top_k == 1 and loaded.config.default_lantern_k == 7
     assert loaded.config.default_lantern_delta == 0.9
+
+
+def test_the_epsilon_cutoff_reads_the_conditional_and_defaults_to_the_folders(tmp_path):
+    from visualspec.pipelines.tiny import tiny_random_pipeline
+
+    pipe = tiny_random_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.config.default_epsilon_cutoff == 0.0  # off for folders that name none
+    prompt = "a photo of a red circle"
+    # a cut-off of 0.99 keeps only the conditional's most likely token, whatever guidance says:
+    # every mode then gives the greedy unguided image
+    unguided = pipe(prompt, decoding="ar", guidance_scale=1.0, temperature=0, output_type="latent").images
+    guided = pipe(prompt, decoding="ar", guidance_scale=4.0, temperature=0, output_type="latent").images
+    assert not torch.equal(unguided, guided)
+    for decoding in ("ar", "sjd", "lantern"):
+        cut = pipe(prompt, decoding=decoding, guidance_scale=4.0, epsilon_cutoff=0.99, seed=0, output_type="latent")
+        assert torch.equal(cut.images, unguided), decoding
+    pipe.register_to_config(default_epsilon_cutoff=0.99)
+    assert torch.equal(pipe(prompt, decoding="sjd", seed=1, output_type="latent").images, unguided)
+    free = pipe(prompt, decoding="sjd", epsilon_cutoff=0.0, seed=1, output_type="latent").images
+    assert not torch.equal(free, unguided)  # an explicit value overrides the folder's
+    pipe.save_pretrained(tmp_path / "p")
+    assert type(pipe).from_pretrained(tmp_path / "p").config.default_epsilon_cutoff == 0.99
 
 
 def test_the_model_supplies_the_jacobi_init(tmp_path):

@@ -208,5 +208,5 @@ def test_the_shipped_model_is_what_train_shapes_trains_by_default():
     default = json.loads(json.dumps(asdict(ShapesTrainingConfig())))
     assert record["config"] == default
     folder = json.loads((SHAPES_T2I_DIR / "model_index.json").read_text())
-    for field in ("guidance_scale", "top_k", "lantern_k", "lantern_delta", "jacobi_init"):
+    for field in ("guidance_scale", "top_k", "epsilon_cutoff", "lantern_k", "lantern_delta", "jacobi_init"):
         assert folder[f"default_{field}"] == default[field], field

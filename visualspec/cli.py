@@ -20,7 +20,10 @@ import os
 import sys
 from pathlib import Path
 
+# literal copies of the pipeline's names, so that parsing arguments needs no torch import;
+# tests/test_cli.py checks them against their sources
 MODES = ("ar", "sjd", "lantern", "speculative")
+JACOBI_INITS = ("random", "repeat_left", "repeat_above")
 
 
 def cache_dir() -> Path:
@@ -70,7 +73,7 @@ def _prompt_or_labels(args):
 
 def _decode_kwargs(args) -> dict:
     kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, window=args.window, jacobi_init=args.jacobi_init)
+              top_p=args.top_p, epsilon_cutoff=args.epsilon_cutoff, window=args.window, jacobi_init=args.jacobi_init)
     if args.lantern_k is not None:
         kw["lantern_k"] = args.lantern_k
     if args.lantern_delta is not None:
@@ -300,8 +303,10 @@ def _add_decoding_args(p):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default: the model's own (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--epsilon-cutoff", type=float, default=None,
+                   help="drop tokens below this conditional probability before guidance (default: the model's own)")
     p.add_argument("--window", type=int, default=16, help="tokens per target forward in speculative modes")
-    p.add_argument("--jacobi-init", default=None, choices=["random", "repeat_left", "repeat_above"],
+    p.add_argument("--jacobi-init", default=None, choices=JACOBI_INITS,
                    help="how SJD/LANTERN fill fresh window positions (default: the model's own)")
     p.add_argument("--lantern-k", type=int, default=None, help="default: the model's own")
     p.add_argument("--lantern-delta", type=float, default=None)

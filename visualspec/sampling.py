@@ -2,7 +2,7 @@
 
 Every distribution in visualspec, target or draft, goes through :meth:`SamplingConfig.probs`, so the
 acceptance test always compares a draft token against exactly the distribution it was sampled from
-(after guidance, temperature, top-k and top-p), never against raw logits.
+(after guidance, the epsilon cut-off, temperature, top-k and top-p), never against raw logits.
 
 Randomness is explicit: every random draw takes a ``generator`` that is ``None``, one
 ``torch.Generator`` for the whole batch, or a list with one generator per batch row (the diffusers
@@ -30,15 +30,27 @@ class SamplingConfig:
       one-hot distribution of the argmax.
     - ``top_k`` k: keep the k largest logits (0 keeps all).
     - ``top_p`` p: keep the smallest set of tokens whose probability reaches p (1.0 keeps all).
+    - ``epsilon_cutoff`` ε: drop every token whose probability under the *conditional* model
+      (softmax of the cond logits, before guidance and temperature) is below ε; the conditional's
+      most likely token always stays (0 keeps all). Without guidance this is epsilon sampling
+      (Hewitt et al., 2022). With guidance it keeps ``s * (cond - uncond)`` from promoting tokens
+      the conditional model itself finds implausible: guidance weights a token's conditional
+      probability by its cond/uncond ratio to the power s - 1, and that ratio can be large for a
+      token of tiny conditional probability. The cut-off reads the conditional, not the guided,
+      distribution, so among the tokens the conditional model finds plausible guidance still
+      favours those the condition makes likelier.
+
+    Order: guidance, epsilon cut-off, temperature, top-k, top-p.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     guidance_scale: float = 1.0
+    epsilon_cutoff: float = 0.0
 
     def __post_init__(self):
-        check_sampling_args(self.temperature, self.top_k, self.top_p, self.guidance_scale)
+        check_sampling_args(self.temperature, self.top_k, self.top_p, self.guidance_scale, self.epsilon_cutoff)
 
     @property
     def uses_guidance(self) -> bool:
@@ -57,14 +69,18 @@ class SamplingConfig:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits (2B or B, ..., V) -> probabilities (B, ..., V) in float32."""
-        logits = self.guide(logits).float()
+        guided = self.guide(logits).float()
+        if self.epsilon_cutoff > 0:
+            cond = logits.chunk(2, dim=0)[0] if self.uses_guidance else logits
+            guided = filter_epsilon(guided, cond, self.epsilon_cutoff)
         if self.greedy:
-            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-        logits = filter_top_k_top_p(logits / self.temperature, self.top_k, self.top_p)
-        return torch.softmax(logits, dim=-1)
+            return torch.nn.functional.one_hot(guided.argmax(-1), guided.shape[-1]).float()
+        guided = filter_top_k_top_p(guided / self.temperature, self.top_k, self.top_p)
+        return torch.softmax(guided, dim=-1)
 
 
-def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float) -> None:
+def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float,
+                        epsilon_cutoff: float = 0.0) -> None:
     """Raise a ValueError naming the first bad sampling argument."""
     if temperature is None or temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
@@ -74,6 +90,8 @@ def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_s
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if guidance_scale is None or guidance_scale < 0:
         raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale!r}")
+    if epsilon_cutoff is None or not (0.0 <= epsilon_cutoff < 1.0):
+        raise ValueError(f"epsilon_cutoff must be in [0, 1) (0 disables it), got {epsilon_cutoff!r}")
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -94,6 +112,15 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def filter_epsilon(logits: torch.Tensor, reference_logits: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Set ``logits`` to -inf where ``softmax(reference_logits) < epsilon``, except at the
+    reference's most likely token, which always stays (same shapes)."""
+    reference = torch.softmax(reference_logits.float(), dim=-1)
+    drop = reference < epsilon
+    drop.scatter_(-1, reference.argmax(-1, keepdim=True), False)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,15 +49,19 @@ class FitResult:
     threshold: float
     dof: int
     samples: int
+    impossible: int = 0  # samples of sequences the exact law gives probability 0
 
     @property
     def passed(self) -> bool:
-        return self.chi2 <= self.threshold
+        return self.impossible == 0 and self.chi2 <= self.threshold
 
 
 def chi_square_fit(samples: torch.Tensor, seqs: torch.Tensor, probs: torch.Tensor, alpha: float = 1e-6,
                    min_expected: float = 5.0) -> FitResult:
-    """Pearson's chi-square test of sampled sequences (n, N) against exact probabilities."""
+    """Pearson's chi-square test of sampled sequences (n, N) against exact probabilities.
+
+    A sample of a sequence of probability 0 (cut by top-k, top-p or the epsilon cut-off) fails the
+    fit outright, however few there are: pooling it with the small cells could hide it."""
     from scipy.stats import chi2 as chi2_dist
 
     V = int(seqs.max()) + 1
@@ -77,7 +81,8 @@ def chi_square_fit(samples: torch.Tensor, seqs: torch.Tensor, probs: torch.Tenso
         exp[exp.argmin()] += expected[~big].sum()
     stat = float(((obs - exp) ** 2 / exp).sum())
     dof = len(exp) - 1
-    return FitResult(stat, float(chi2_dist.isf(alpha, dof)), dof, n)
+    impossible = int(observed[probs == 0].sum())
+    return FitResult(stat, float(chi2_dist.isf(alpha, dof)), dof, n, impossible)
 
 
 def sample_sequences(model: TokenModel, make_prefix, num_tokens: int, sampling: SamplingConfig, n: int,
