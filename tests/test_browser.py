@@ -75,11 +75,17 @@ def test_arrow_keys_move_the_player_on_the_displayed_frames(page, url):
     start = player_position(page)
     assert start is not None, "no player on the displayed frames"
     key, sign = ("ArrowRight", 1) if start[0] < 32 else ("ArrowLeft", -1)  # towards the far wall
-    before = page.evaluate("() => window.visualspecArena.framesShown()")
+    def frames():
+        return page.evaluate("() => window.visualspecArena.framesShown()")
+
+    # hold the key for 20 displayed frames, however long a shared CPU takes to show them (the frame
+    # rate is the benchmark's business, not this test's)
+    before, deadline = frames(), time.time() + 30
     page.keyboard.down(key)
-    time.sleep(1.5)
+    while frames() - before < 20 and time.time() < deadline:
+        time.sleep(0.05)
     page.keyboard.up(key)
-    shown = page.evaluate("() => window.visualspecArena.framesShown()") - before
+    shown = frames() - before
     time.sleep(0.2)
     end = player_position(page)
     assert end is not None, "the player vanished"
