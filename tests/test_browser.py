@@ -58,6 +58,11 @@ def test_the_page_loads_and_generates_an_image(page, url):
     assert '"target_forwards"' in page.inner_text("#stats")
 
 
+def frames_shown(page) -> int:
+    """How many frames the arena page has displayed so far."""
+    return page.evaluate("() => window.visualspecArena.framesShown()")
+
+
 def player_position(page, frames: int = 5):
     """The player's median position over a few displayed frames (None if it is on none of them)."""
     found = []
@@ -75,17 +80,14 @@ def test_arrow_keys_move_the_player_on_the_displayed_frames(page, url):
     start = player_position(page)
     assert start is not None, "no player on the displayed frames"
     key, sign = ("ArrowRight", 1) if start[0] < 32 else ("ArrowLeft", -1)  # towards the far wall
-    def frames():
-        return page.evaluate("() => window.visualspecArena.framesShown()")
-
     # hold the key for 20 displayed frames, however long a shared CPU takes to show them (the frame
     # rate is the benchmark's business, not this test's)
-    before, deadline = frames(), time.time() + 30
+    before, deadline = frames_shown(page), time.time() + 30
     page.keyboard.down(key)
-    while frames() - before < 20 and time.time() < deadline:
+    while frames_shown(page) - before < 20 and time.time() < deadline:
         time.sleep(0.05)
     page.keyboard.up(key)
-    shown = frames() - before
+    shown = frames_shown(page) - before
     time.sleep(0.2)
     end = player_position(page)
     assert end is not None, "the player vanished"
