@@ -42,8 +42,10 @@ class Recording(DraftModelDrafter):
 
 
 def test_early_stopping_is_lossless():
-    """20,000 sequences of 4 tokens in batches of 8 rows (a step stops only when all rows are
-    unsure), window 4; chi-square against the exact law, bound from the sample size."""
+    """20,000 sequences of 4 tokens in batches of 64 rows, window 4; chi-square against the exact
+    law, bound from the sample size. This draft model is unsure (below 0.6) at the prompt whatever
+    it drafts, so every step that asks for two drafts stops after one, in every row of the batch:
+    the early stop is taken on half of all steps, and the law must still be exact."""
     target = HFCausalLM(tiny_hf("llama", vocab_size=V))
     draft = HFCausalLM(tiny_hf("llama", seed=2, vocab_size=V))
     lengths = []
@@ -58,11 +60,11 @@ def test_early_stopping_is_lossless():
 
     sampling = SamplingConfig(temperature=0.8, top_k=3)
     seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
-    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=8, window=4, drafter_factory=drafter)
+    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=64, window=4, drafter_factory=drafter)
     fit = chi_square_fit(drawn, seqs, probs)
     assert fit.passed, fit
     stopped = sum(got < asked for asked, got in lengths)
-    assert 0.1 * len(lengths) < stopped < 0.9 * len(lengths), (stopped, len(lengths))  # both paths are exercised
+    assert 0.1 * len(lengths) < stopped < 0.9 * len(lengths), (stopped, len(lengths))  # stopped and full steps both run
 
 
 def test_errors_are_named(tokenizer):
