@@ -16,6 +16,13 @@ same logit (the caption reaches the image only as an average). ``prefix_rope="id
 prefix unrotated instead, so attention to caption tokens depends on their content; the shipped
 shapes model is trained that way, official checkpoints keep the default ``"zeros"``.
 
+Either way the prefix has no positions of its own: word order reaches the image tokens through the
+text encoder's features (FLAN-T5 XL writes it there) or, faintly, through the causal mask among
+the prefix tokens. A small encoder trained from scratch may not write it ("a red circle and a blue
+square" and "a blue circle and a red square" then give the same set of caption features), so
+``caption_positions=True`` adds a learned embedding per caption slot
+(``cls_embedding.position_embedding``, absent from official checkpoints).
+
 Besides the training forward, the model implements the decode engine's token-model protocol
 (:class:`visualspec.engine.TokenModel`): ``prefill``, ``forward_window`` and ``crop`` over a
 static KV cache.
@@ -87,16 +94,23 @@ class CaptionMLP(nn.Module):
 
 
 class CaptionEmbedder(nn.Module):
-    """Caption features (B, T, caption_dim) -> T prefix tokens; ``uncond_embedding`` is the null caption."""
+    """Caption features (B, T, caption_dim) -> T prefix tokens; ``uncond_embedding`` is the null caption.
 
-    def __init__(self, caption_dim: int, dim: int, token_num: int):
+    With ``positions`` a learned vector per caption slot (``position_embedding``, zero at first) is
+    added to the features before the MLP, so each prefix token says where in the caption it stands.
+    """
+
+    def __init__(self, caption_dim: int, dim: int, token_num: int, positions: bool = False):
         super().__init__()
         self.cap_proj = CaptionMLP(caption_dim, dim, dim)
         self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim**0.5)
+        self.position_embedding = nn.Parameter(torch.zeros(token_num, caption_dim)) if positions else None
 
     def forward(self, captions, drop: torch.Tensor | None = None):
         if drop is not None:
             captions = torch.where(drop[:, None, None], self.uncond_embedding.to(captions.dtype), captions)
+        if self.position_embedding is not None:
+            captions = captions + self.position_embedding.to(captions.dtype)
         return self.cap_proj(captions)
 
 
@@ -210,6 +224,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         cls_token_num: int = 1,
         block_size: int = 256,
         prefix_rope: str = "zeros",
+        caption_positions: bool = False,
     ):
         super().__init__()
         if model_type not in ("c2i", "t2i"):
@@ -228,7 +243,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         if model_type == "c2i":
             self.cls_embedding = LabelEmbedder(num_classes, dim, class_dropout_prob)
         else:
-            self.cls_embedding = CaptionEmbedder(caption_dim, dim, cls_token_num)
+            self.cls_embedding = CaptionEmbedder(caption_dim, dim, cls_token_num, caption_positions)
         self.layers = nn.ModuleList(
             TransformerBlock(dim, n_head, n_kv_head, hidden, norm_eps) for _ in range(n_layer)
         )

@@ -226,3 +226,24 @@ def test_prefix_rope_identity_keeps_the_caption_unrotated():
     gpt = LlamaGenGPT(vocab_size=16, dim=32, n_layer=1, n_head=2, block_size=16, model_type="t2i", caption_dim=8,
                       cls_token_num=3, prefix_rope="identity")
     assert torch.equal(gpt.rope, rope_2d(4, 16, 10000.0, 3, prefix="identity"))
+
+
+def test_caption_positions_tell_the_order_of_the_caption_apart():
+    """Without positions the prefix of a caption whose slots are permuted is the same tokens,
+    permuted; with them it is a different set (and official layouts gain no key)."""
+    kw = dict(vocab_size=16, dim=32, n_layer=1, n_head=2, block_size=16, model_type="t2i", caption_dim=8,
+              cls_token_num=3, prefix_rope="identity")
+    plain, placed = LlamaGenGPT(**kw), LlamaGenGPT(**kw, caption_positions=True)
+    assert "cls_embedding.position_embedding" not in plain.state_dict()
+    assert placed.state_dict()["cls_embedding.position_embedding"].shape == (3, 8)
+    torch.manual_seed(0)
+    placed.load_state_dict({**plain.state_dict(), "cls_embedding.position_embedding": torch.randn(3, 8)})
+    caption, order = torch.randn(1, 3, 8), torch.tensor([2, 0, 1])
+    with torch.no_grad():
+        a, b = plain.embed_condition(caption), plain.embed_condition(caption[:, order])
+        assert torch.allclose(a[:, order], b, atol=1e-6)  # the same set: order is lost here
+        a, b = placed.embed_condition(caption), placed.embed_condition(caption[:, order])
+        # no token of one is a token of the other
+        assert torch.cdist(a[0], b[0]).min(1).values.min() > 0.1 * a.norm(dim=-1).mean()
+        null = placed.null_condition(1)  # the learned null caption gets the slot positions too
+        assert not torch.allclose(placed.embed_condition(null), plain.embed_condition(null))

@@ -20,7 +20,7 @@ def test_training_writes_a_pipeline_that_generates(tmp_path):
     cfg = ShapesTrainingConfig(**TINY)
     pipe = train_shapes(str(tmp_path / "out"), str(tmp_path / "work"), cfg, progress=False)
     assert isinstance(pipe, LlamaGenPipeline) and pipe.transformer.dtype == torch.float32
-    assert pipe.transformer.config.prefix_rope == "identity"
+    assert pipe.transformer.config.prefix_rope == "identity" and not pipe.transformer.config.caption_positions
     image = pipe("a photo of a red circle", decoding="sjd", seed=0).images[0]
     assert image.size == (64, 64)
     record = json.loads((tmp_path / "out" / "training.json").read_text())
@@ -166,15 +166,17 @@ def test_compiled_training_learns_the_same_weights(tmp_path):
     assert (updates[0] - updates[1]).norm() < 0.05 * updates[0].norm()
 
 
-def test_train_shapes_command_passes_the_caption_order_and_seed(monkeypatch, tmp_path):
+def test_train_shapes_command_passes_its_options(monkeypatch, tmp_path):
     import visualspec.train
     from visualspec.cli import main
 
     seen = []
-    monkeypatch.setattr(visualspec.train, "train_shapes", lambda out, work, cfg: seen.append((cfg.caption_order, cfg.seed)))
-    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random", "--seed", "3"]) == 0
+    monkeypatch.setattr(visualspec.train, "train_shapes",
+                        lambda out, work, cfg: seen.append((cfg.caption_order, cfg.seed, cfg.caption_positions)))
+    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random", "--seed", "3",
+                 "--caption-positions"]) == 0
     assert main(["train-shapes", "--out", str(tmp_path / "b")]) == 0
-    assert seen == [("random", 3), ("raster", 0)]
+    assert seen == [("random", 3, True), ("raster", 0, False)]
     with pytest.raises(SystemExit):
         main(["train-shapes", "--out", str(tmp_path / "c"), "--caption-order", "sorted"])
 

@@ -213,7 +213,9 @@ def cmd_train_shapes(args) -> int:
         train_feature_net(args.features_out, seed=args.seed)
         print(args.features_out)
     if args.out:
-        train_shapes(args.out, args.work_dir, ShapesTrainingConfig(seed=args.seed, caption_order=args.caption_order))
+        cfg = ShapesTrainingConfig(seed=args.seed, caption_order=args.caption_order,
+                                   caption_positions=args.caption_positions)
+        train_shapes(args.out, args.work_dir, cfg)
         print(args.out)
     return 0
 
@@ -368,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--caption-order", choices=["raster", "random"], default="raster",
                    help="name two objects in the order they are drawn (the shipped model's recipe) or in either order")
+    t.add_argument("--caption-positions", action="store_true",
+                   help="give the GPT's caption prefix a learned embedding per slot, so word order reaches the image")
     t.set_defaults(func=cmd_train_shapes)
 
     v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
