@@ -214,7 +214,7 @@ def cmd_train_shapes(args) -> int:
         print(args.features_out)
     if args.out:
         cfg = ShapesTrainingConfig(seed=args.seed, caption_order=args.caption_order,
-                                   caption_positions=args.caption_positions)
+                                   caption_positions=args.caption_positions, text_steps=args.text_steps)
         train_shapes(args.out, args.work_dir, cfg)
         print(args.out)
     return 0
@@ -372,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="name two objects in the order they are drawn (the shipped model's recipe) or in either order")
     t.add_argument("--caption-positions", action="store_true",
                    help="give the GPT's caption prefix a learned embedding per slot, so word order reaches the image")
+    t.add_argument("--text-steps", type=int, default=0,
+                   help="first train the text encoder this many steps to predict each word's neighbours, so its "
+                        "features carry word order (0: no text stage, the shipped model's recipe)")
     t.set_defaults(func=cmd_train_shapes)
 
     v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
