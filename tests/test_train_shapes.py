@@ -60,6 +60,12 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     key = next(k for k in a if k.endswith("weight") and a[k].dim() == 2)
     assert torch.equal(a[key], state[f"ema_gpt/{key}"].half().float())
     assert not torch.equal(state[f"ema_gpt/{key}"], state[f"gpt/{key}"])
+    # after its own stage the text encoder is frozen: the pipeline holds it as that stage left it
+    text = load_file(tmp_path / "w1" / "text" / "state.safetensors")
+    shipped = LlamaGenPipeline.from_pretrained(tmp_path / "straight").text_encoder.state_dict()
+    assert all(torch.equal(v, text[f"encoder/{k}"]) for k, v in shipped.items())
+    first = build_text_and_gpt(cfg, 64)[1].state_dict()  # and that stage did train it
+    assert not all(torch.equal(v, first[k]) for k, v in shipped.items())
 
 
 def test_codebook_pruning_keeps_distinct_used_codes():

@@ -84,7 +84,8 @@ class ShapesTrainingConfig:
     caption_positions: bool = False
     # steps of a text stage before the GPT's: the encoder learns to predict the words around each
     # word (offsets -3..3, :func:`pretrain_text_encoder`), so its features carry word order and bind
-    # a colour to its noun before the GPT reads them; 0 = no text stage (the shipped model)
+    # a colour to its noun, and is then frozen; 0 = no text stage, the encoder trains with the GPT
+    # (the shipped model)
     text_steps: int = 0
     text_batch: int = 128
     text_lr: float = 2e-3
@@ -430,7 +431,8 @@ def pretrain_text_encoder(cfg: ShapesTrainingConfig, encoder, tokenizer, work: P
     head predicts, from each word's output feature, the words 3, 2 and 1 places before it, itself,
     and the words 1, 2 and 3 places after it, on captions drawn as the GPT stage draws them. A word's
     feature then carries its neighbours: "circle" knows it follows "red", "square" that it follows
-    "left of". The head is discarded; the encoder goes on training jointly with the GPT.
+    "left of". The head is discarded, and the GPT stage keeps the encoder frozen: trained on with
+    the GPT, it lost most of that order within 160 steps (0.90 -> 0.35 in the README's measure).
     """
     head = torch.nn.Linear(cfg.text_dim, len(tokenizer) * len(NEIGHBOUR_OFFSETS)).to(device)
     opt = torch.optim.AdamW(list(encoder.parameters()) + list(head.parameters()), lr=cfg.text_lr,
@@ -463,19 +465,22 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
 
     tokenizer, encoder, gpt = build_text_and_gpt(cfg, vq.config.codebook_size)
     encoder, gpt = encoder.to(device), gpt.to(device)
-    if cfg.text_steps > 0:
+    trained = {"encoder": encoder, "gpt": gpt}
+    if cfg.text_steps > 0:  # a text stage first, then the encoder stays as it left it (as LlamaGen's T5)
         pretrain_text_encoder(cfg, encoder, tokenizer, work, device, progress)
-    params = list(encoder.parameters()) + list(gpt.parameters())
+        encoder.eval().requires_grad_(False)
+        del trained["encoder"]
+    params = [p for m in trained.values() for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.gpt_lr, betas=(0.9, 0.95), weight_decay=0.05)
     # the pipeline's own prompt encoding (tokenise, encode, left-pad) is what training uses
     helper = LlamaGenPipeline(transformer=gpt, vq_model=vq, text_encoder=encoder, tokenizer=tokenizer)
     autocast = training_autocast(device)
     forward = torch.compile(gpt) if cfg.compile else gpt
-    gpt.train()
-    encoder.train()
-    modules = {"encoder": encoder, "gpt": gpt}
+    for m in trained.values():
+        m.train()
+    modules = {"encoder": encoder, **trained}
     if cfg.ema_decay > 0:
-        ema = {f"ema_{name}": copy.deepcopy(m).eval().requires_grad_(False) for name, m in modules.items()}
+        ema = {f"ema_{name}": copy.deepcopy(m).eval().requires_grad_(False) for name, m in trained.items()}
         ema_params = [p for m in ema.values() for p in m.parameters()]
         modules.update(ema)
 
@@ -503,7 +508,7 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
     run_stage("text encoder + GPT", work / "gpt", modules, opt, cfg.gpt_steps, step_fn,
               lr=cfg.gpt_lr, warmup=cfg.warmup_steps, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
     if cfg.ema_decay > 0:
-        encoder, gpt = modules["ema_encoder"], modules["ema_gpt"]
+        encoder, gpt = modules.get("ema_encoder", encoder), modules["ema_gpt"]
     return tokenizer, encoder.eval(), gpt.eval()
 
 
