@@ -13,14 +13,14 @@ from visualspec.train import (ShapesTrainingConfig, build_text_and_gpt, build_vq
 
 TINY = dict(codebook_size=64, vq_channels=8, vq_steps=3, vq_batch=2, text_dim=32, text_layers=1, gpt_dim=64,
             gpt_layers=1, gpt_heads=2, gpt_steps=4, gpt_batch=2, warmup_steps=1, codebook_merge_distance=0.0,
-            checkpoint_seconds=0.0, compile=False)
+            checkpoint_seconds=0.0, compile=False, text_steps=2, text_batch=4)
 
 
 def test_training_writes_a_pipeline_that_generates(tmp_path):
     cfg = ShapesTrainingConfig(**TINY)
     pipe = train_shapes(str(tmp_path / "out"), str(tmp_path / "work"), cfg, progress=False)
     assert isinstance(pipe, LlamaGenPipeline) and pipe.transformer.dtype == torch.float32
-    assert pipe.transformer.config.prefix_rope == "identity" and not pipe.transformer.config.caption_positions
+    assert pipe.transformer.config.prefix_rope == "identity" and pipe.transformer.config.caption_positions
     image = pipe("a photo of a red circle", decoding="sjd", seed=0).images[0]
     assert image.size == (64, 64)
     record = json.loads((tmp_path / "out" / "training.json").read_text())
@@ -32,7 +32,7 @@ def test_training_writes_a_pipeline_that_generates(tmp_path):
 
 def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
     # the moving average is checkpointed and resumed too, and so is the text stage before the GPT's
-    cfg = ShapesTrainingConfig(**TINY, ema_decay=0.999, text_steps=2, text_batch=4)
+    cfg = ShapesTrainingConfig(**{**TINY, "ema_decay": 0.999})
     train_shapes(str(tmp_path / "straight"), str(tmp_path / "w1"), cfg, progress=False)
 
     import visualspec.train as train
@@ -184,9 +184,10 @@ def test_train_shapes_command_passes_its_options(monkeypatch, tmp_path):
     assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random", "--seed", "3",
                  "--caption-positions", "--text-steps", "40"]) == 0
     assert main(["train-shapes", "--out", str(tmp_path / "b")]) == 0
-    assert seen == [("random", 3, True, 40), ("raster", 0, False, 0)]
+    assert main(["train-shapes", "--out", str(tmp_path / "c"), "--no-caption-positions", "--text-steps", "0"]) == 0
+    assert seen == [("random", 3, True, 40), ("raster", 0, True, 500), ("raster", 0, False, 0)]
     with pytest.raises(SystemExit):
-        main(["train-shapes", "--out", str(tmp_path / "c"), "--caption-order", "sorted"])
+        main(["train-shapes", "--out", str(tmp_path / "d"), "--caption-order", "sorted"])
 
 
 def test_training_runs_in_bfloat16_only_where_the_hardware_runs_it_fast(monkeypatch):
@@ -249,9 +250,10 @@ def order_blindness(tokenizer, encoder) -> float:
 
 def test_the_text_stage_teaches_the_encoder_word_order(tmp_path):
     """After the text stage a word's feature tells where it stands: the two captions above no
-    longer give the same set of features. Measured: 0.11 for the encoder as initialised, 0.64 after
-    150 steps of the stage. The control is the shipped encoder, trained jointly with its GPT and
-    never by this stage: 0.007 (the README's bag of words)."""
+    longer give the same set of features. Measured: 0.11 for the encoder as initialised (the
+    control: a bag of words scores near 0, as the previous shipped encoder, trained jointly with
+    its GPT, did at 0.007), 0.64 after 150 steps of the stage; the shipped encoder, after its 500
+    steps, 0.86."""
     from visualspec.pipelines.shapes_quality import SHAPES_T2I_DIR
     from visualspec.train import pretrain_text_encoder
 
@@ -262,4 +264,4 @@ def test_the_text_stage_teaches_the_encoder_word_order(tmp_path):
     assert order_blindness(tokenizer, encoder) > 0.4 > 0.2 > before
 
     shipped = LlamaGenPipeline.from_pretrained(SHAPES_T2I_DIR)
-    assert order_blindness(shipped.tokenizer, shipped.text_encoder) < 0.2
+    assert order_blindness(shipped.tokenizer, shipped.text_encoder) > 0.4

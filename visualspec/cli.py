@@ -370,11 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--caption-order", choices=["raster", "random"], default="raster",
                    help="name two objects in the order they are drawn (the shipped model's recipe) or in either order")
-    t.add_argument("--caption-positions", action="store_true",
-                   help="give the GPT's caption prefix a learned embedding per slot, so word order reaches the image")
-    t.add_argument("--text-steps", type=int, default=0,
+    t.add_argument("--caption-positions", action=argparse.BooleanOptionalAction, default=True,
+                   help="give the GPT's caption prefix a learned embedding per slot (the shipped recipe)")
+    t.add_argument("--text-steps", type=int, default=500,
                    help="first train the text encoder this many steps to predict each word's neighbours, so its "
-                        "features carry word order (0: no text stage, the shipped model's recipe)")
+                        "features carry word order, then freeze it (the shipped recipe: 500; 0: no text stage, "
+                        "the encoder trains with the GPT)")
     t.set_defaults(func=cmd_train_shapes)
 
     v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")

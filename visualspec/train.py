@@ -12,11 +12,13 @@ is no dataset to store, and step s always sees the same batch):
    to model as noise, so the codebook is then pruned: codes are taken by usage and a code within
    ``codebook_merge_distance`` of a more used one is dropped (about 100 codes remain; GenEval-shapes
    of reconstructed ground truth is unchanged);
-2. a small T5 text encoder over the world's words, trained jointly with
-3. a text-conditional LlamaGen GPT over the 256 image tokens (next-token cross-entropy; 10% of
-   captions are replaced by the null caption for classifier-free guidance). The pipeline gets an
-   exponential moving average of the encoder's and the GPT's weights (``ema_decay``), which is
-   checkpointed with them.
+2. a small T5 text encoder over the world's words, trained first on its own to predict the words
+   around each word (so its features carry word order and bind a colour to its noun), then frozen,
+   as LlamaGen's T5 is;
+3. a text-conditional LlamaGen GPT over the 256 image tokens, reading the caption features plus a
+   learned embedding per caption slot (next-token cross-entropy; 10% of captions are replaced by
+   the null caption for classifier-free guidance). With ``ema_decay`` > 0 the pipeline gets an
+   exponential moving average of the weights, checkpointed with them.
 
 Checkpoints (safetensors + JSON) are written to ``--work-dir`` every few minutes; rerunning the
 same command resumes where it stopped. A GPU is used when present. The GPT trains in bfloat16
@@ -78,15 +80,16 @@ class ShapesTrainingConfig:
     # "random": in either order (the earlier recipe, 0.04 lower on 900 prompts; see the README)
     caption_order: str = "raster"
     prefix_rope: str = "identity"  # content-aware attention to the caption (LlamaGen's own is "zeros")
-    # a learned embedding per caption slot: this small text encoder, trained from scratch, gives word
-    # features that barely depend on word order, so without it "a red circle and a blue square" and
-    # "a blue circle and a red square" reach the GPT as the same set of features (README)
-    caption_positions: bool = False
+    # a learned embedding per caption slot, so the GPT also sees where each word stands (False: the
+    # caption features alone, as LlamaGen)
+    caption_positions: bool = True
     # steps of a text stage before the GPT's: the encoder learns to predict the words around each
     # word (offsets -3..3, :func:`pretrain_text_encoder`), so its features carry word order and bind
-    # a colour to its noun, and is then frozen; 0 = no text stage, the encoder trains with the GPT
-    # (the shipped model)
-    text_steps: int = 0
+    # a colour to its noun, and is then frozen. 0 = no text stage: the encoder trains with the GPT
+    # (the previous shipped model), and its features barely depended on word order, so "a red
+    # circle and a blue square" and "a red square and a blue circle" reached the GPT as the same
+    # set of features (README)
+    text_steps: int = 500
     text_batch: int = 128
     text_lr: float = 2e-3
     checkpoint_seconds: float = 300.0
