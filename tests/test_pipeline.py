@@ -247,3 +247,27 @@ def test_caption_positions_tell_the_order_of_the_caption_apart():
         assert torch.cdist(a[0], b[0]).min(1).values.min() > 0.1 * a.norm(dim=-1).mean()
         null = placed.null_condition(1)  # the learned null caption gets the slot positions too
         assert not torch.allclose(placed.embed_condition(null), plain.embed_condition(null))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_written_out_training_attention_matches_the_fused_kernel(masked):
+    """On a CPU, training attention is written out (``attend``); its values and gradients equal
+    PyTorch's fused kernel's, with a padding mask (a query always sees itself) and without one."""
+    from visualspec.models.llamagen import LlamaGenGPT, attend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8, requires_grad=True) for _ in range(3))
+    mask = None
+    if masked:
+        valid = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7]).bool()
+        mask = LlamaGenGPT._attention_mask(torch.arange(7), valid)
+    written = attend(q, k, v, mask)
+    grads = torch.autograd.grad(written.square().sum(), (q, k, v))
+    with torch.no_grad():  # no gradient: the fused kernel
+        assert torch.allclose(attend(q, k, v, mask), written, atol=1e-5)
+    fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    assert torch.allclose(fused, written, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(fused.square().sum(), (q, k, v)), grads):
+        assert torch.allclose(a, b, atol=1e-4)
+    if masked:  # the control: a wrong mask changes the result
+        assert not torch.allclose(attend(q, k, v, torch.ones_like(mask)), written, atol=1e-3)
