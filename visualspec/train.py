@@ -59,10 +59,12 @@ class ShapesTrainingConfig:
     text_dim: int = 128
     text_layers: int = 2
     caption_tokens: int = 16
-    gpt_dim: int = 256
+    # 192 wide and 3,000 steps: on the 600 held-out prompts 0.623 against the 256-wide model's 0.575
+    # at 2,800 steps, and a step a third cheaper, so the whole command fits 90 minutes (README)
+    gpt_dim: int = 192
     gpt_layers: int = 8
-    gpt_heads: int = 4
-    gpt_steps: int = 2800
+    gpt_heads: int = 3
+    gpt_steps: int = 3000
     gpt_batch: int = 32
     gpt_lr: float = 6e-4
     warmup_steps: int = 100
