@@ -177,15 +177,20 @@ def test_train_shapes_command_passes_its_options(monkeypatch, tmp_path):
     import visualspec.train
     from visualspec.cli import main
 
-    seen = []
+    seen, features = [], []
     monkeypatch.setattr(visualspec.train, "train_shapes",
                         lambda out, work, cfg: seen.append((cfg.caption_order, cfg.seed, cfg.caption_positions,
                                                             cfg.text_steps)))
-    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random", "--seed", "3",
-                 "--caption-positions", "--text-steps", "40"]) == 0
+    monkeypatch.setattr(visualspec.train, "train_feature_net", lambda out, **kw: features.append(kw))
+    assert main(["train-shapes", "--out", str(tmp_path / "a"), "--caption-order", "random", "--seed", "5",
+                 "--caption-positions", "--text-steps", "40", "--features-out", str(tmp_path / "f")]) == 0
     assert main(["train-shapes", "--out", str(tmp_path / "b")]) == 0
-    assert main(["train-shapes", "--out", str(tmp_path / "c"), "--no-caption-positions", "--text-steps", "0"]) == 0
-    assert seen == [("random", 3, True, 40), ("raster", 0, True, 500), ("raster", 0, False, 0)]
+    assert main(["train-shapes", "--out", str(tmp_path / "c"), "--no-caption-positions", "--text-steps", "0",
+                 "--seed", "1"]) == 0
+    default = ShapesTrainingConfig()  # no option: the shipped recipe
+    assert seen == [("random", 5, True, 40), (default.caption_order, default.seed, default.caption_positions,
+                                              default.text_steps), ("raster", 1, False, 0)]
+    assert features == [{}]  # the FID-shapes network keeps its own seed: its statistics are the world's
     with pytest.raises(SystemExit):
         main(["train-shapes", "--out", str(tmp_path / "d"), "--caption-order", "sorted"])
 

@@ -210,11 +210,11 @@ def cmd_train_shapes(args) -> int:
     from .train import ShapesTrainingConfig, train_feature_net, train_shapes
 
     if args.features_out:
-        train_feature_net(args.features_out, seed=args.seed)
+        train_feature_net(args.features_out)
         print(args.features_out)
     if args.out:
-        cfg = ShapesTrainingConfig(seed=args.seed, caption_order=args.caption_order,
-                                   caption_positions=args.caption_positions, text_steps=args.text_steps)
+        options = {k: getattr(args, k) for k in ("seed", "caption_order", "caption_positions", "text_steps")}
+        cfg = ShapesTrainingConfig(**{k: v for k, v in options.items() if v is not None})
         train_shapes(args.out, args.work_dir, cfg)
         print(args.out)
     return 0
@@ -367,12 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
     t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
     t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--caption-order", choices=["raster", "random"], default="raster",
+    # defaults (None) come from ShapesTrainingConfig, the shipped recipe
+    t.add_argument("--seed", type=int, help="the model's seed (the shipped run's: 0); the FID-shapes network's is fixed")
+    t.add_argument("--caption-order", choices=["raster", "random"],
                    help="name two objects in the order they are drawn (the shipped model's recipe) or in either order")
-    t.add_argument("--caption-positions", action=argparse.BooleanOptionalAction, default=True,
+    t.add_argument("--caption-positions", action=argparse.BooleanOptionalAction,
                    help="give the GPT's caption prefix a learned embedding per slot (the shipped recipe)")
-    t.add_argument("--text-steps", type=int, default=500,
+    t.add_argument("--text-steps", type=int,
                    help="first train the text encoder this many steps to predict each word's neighbours, so its "
                         "features carry word order, then freeze it (the shipped recipe: 500; 0: no text stage, "
                         "the encoder trains with the GPT)")
