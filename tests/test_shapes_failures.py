@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.shapes_failures import MIN_STRAY, failure_breakdown, stray_pixels  # noqa: E402
+from benchmarks.shapes_failures import LOOSE, MIN_STRAY, failure_breakdown, stray_pixels  # noqa: E402
 from visualspec.eval.geneval import ShapesDetector, evaluate_image, evaluate_images  # noqa: E402
 from visualspec.worlds import shapes  # noqa: E402
 
@@ -19,6 +19,7 @@ def test_ground_truth_images_pass_with_no_stray_pixels(tmp_path):
     assert set(breakdown) == set(shapes.TASKS)
     for task, counts in breakdown.items():
         assert counts["images"] == 8 and counts["pass"] == 8, (task, counts)
+    assert breakdown["counting"][LOOSE] == 8
     for record in evaluate_images(tmp_path, ShapesDetector()):
         assert stray_pixels(Image.open(record["filename"]), record) == 0, record["prompt"]
 
