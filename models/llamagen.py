@@ -115,7 +115,8 @@ class CaptionEmbedder(nn.Module):
 
 
 def attend(q, k, v, mask):
-    """softmax(q k^T / sqrt(head_dim), over the keys ``mask`` allows (causal if None)) v.
+    """softmax(q k^T / sqrt(head_dim), over the keys ``mask`` allows (causal if None)) v; ``mask`` is
+    bool (True = attend) or additive (0 or -inf).
 
     PyTorch's fused kernel, except when training on a CPU: there the product is written out. With
     the training forward compiled, a shapes-GPT step (batch 32, 272 positions) took 1.67 to 1.88 s
@@ -126,9 +127,9 @@ def attend(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
     if mask is None:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    weights = torch.softmax(scores.float().masked_fill(~mask, float("-inf")), dim=-1)
-    return weights.type_as(v) @ v
+    scores = ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).float()
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return torch.softmax(scores, dim=-1).type_as(v) @ v
 
 
 class Attention(nn.Module):
@@ -140,10 +141,11 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_head * self.head_dim, dim, bias=False)
 
     def forward(self, x, rope, mask, cache=None, input_pos=None):
-        """x (B, L, dim); rope (L, head_dim/2, 2); mask (B, 1, L, S) bool or None for causal.
+        """x (B, L, dim); rope (L or B x L, head_dim/2, 2); mask (B, 1, L, S) bool or None for causal.
 
-        With ``cache = (k_cache, v_cache)`` of shape (B, H_kv, S_max, head_dim), the keys and values
-        of x are written at ``input_pos`` and attention runs over cache positions < S = mask's S.
+        With ``cache = (k_cache, v_cache, rows)``, caches of shape (B_max, H_kv, S_max, head_dim),
+        the keys and values of x are written in cache rows ``rows`` (default: the first B) at
+        ``input_pos`` (B, L), and attention runs over those rows' positions < S = mask's S.
         """
         B, L, _ = x.shape
         hd = self.head_dim
@@ -152,10 +154,15 @@ class Attention(nn.Module):
         k = apply_rope(k.view(B, L, self.n_kv_head, hd), rope).transpose(1, 2)
         v = v.view(B, L, self.n_kv_head, hd).transpose(1, 2)
         if cache is not None:
-            k_cache, v_cache = cache
-            k_cache[:, :, input_pos] = k
-            v_cache[:, :, input_pos] = v
-            k, v = k_cache[:, :, : mask.shape[-1]], v_cache[:, :, : mask.shape[-1]]
+            k_cache, v_cache, rows = cache
+            at = (torch.arange(B, device=x.device) if rows is None else rows)[:, None]
+            k_cache[at, :, input_pos] = k.transpose(1, 2)
+            v_cache[at, :, input_pos] = v.transpose(1, 2)
+            S = mask.shape[-1]
+            if rows is None:
+                k, v = k_cache[:B, :, :S], v_cache[:B, :, :S]
+            else:
+                k, v = k_cache[rows, :, :S], v_cache[rows, :, :S]
         if self.n_kv_head != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
@@ -210,10 +217,13 @@ def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int, pref
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (x[2i], x[2i+1]) of x (B, L, H, head_dim) by rope (L, head_dim/2, 2)."""
+    """Rotate consecutive pairs (x[2i], x[2i+1]) of x (B, L, H, head_dim) by rope (L, head_dim/2, 2),
+    or per row by rope (B, L, head_dim/2, 2)."""
     xp = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(*x.shape[:-1], -1, 2)
     rope = rope.to(xp.dtype)
-    cos, sin = rope[None, :, None, :, 0], rope[None, :, None, :, 1]
+    if rope.dim() == 3:
+        rope = rope[None]
+    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
     out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
     return out.flatten(3).type_as(x)
 
@@ -353,12 +363,13 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     @staticmethod
     def _attention_mask(query_pos, key_valid):
-        """(B, 1, L, S) bool: causal, minus invalid keys; a query always sees itself."""
+        """(B, 1, L, S) bool for query positions (L,) or (B, L): causal, minus invalid keys; a
+        query always sees itself."""
         S = key_valid.shape[1]
         key_pos = torch.arange(S, device=query_pos.device)
-        causal = key_pos[None, :] <= query_pos[:, None]  # (L, S)
-        mask = causal[None] & key_valid[:, None, :]
-        mask |= key_pos[None, None, :] == query_pos[None, :, None]
+        query_pos = query_pos.expand(key_valid.shape[0], -1)[:, :, None]  # (B, L, 1)
+        mask = (key_pos <= query_pos) & key_valid[:, None, :]
+        mask |= key_pos == query_pos
         return mask[:, None]
 
     # ------------------------------------------------------------------ token-model protocol
@@ -375,24 +386,57 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         shape = (len(self.layers), B, self.layers[0].attention.n_kv_head, S, self.config.dim // self.config.n_head)
         self._cache = (torch.zeros(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device))
         self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
+        self._rows, self._max_new = B, max_new_tokens
         if cond_mask is not None:
             self._key_valid[:, :T] = cond_mask.bool()
-        return self._run(x, torch.arange(T, device=x.device))[:, -1]
+        return self._run(x, torch.arange(T, device=x.device).expand(B, T))[:, -1]
 
-    def forward_window(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Image tokens (B, L) at image positions start..start+L-1 -> logits (B, L, V)."""
+    def refill(self, rows: torch.Tensor, prefix) -> torch.Tensor:
+        """Start new images in cache rows ``rows`` (r,) with the condition ``prefix`` (r rows);
+        returns logits (r, V) for their image token 0 (continuous batching)."""
+        if self._cache is None:
+            raise RuntimeError("call prefill() before refill()")
+        cond, cond_mask = prefix if isinstance(prefix, (tuple, list)) else (prefix, None)
+        x = self.embed_condition(cond)
+        T = x.shape[1]
+        self._key_valid[rows] = True
+        if cond_mask is not None:
+            self._key_valid[rows, :T] = cond_mask.bool()
+        return self._run(x, torch.arange(T, device=x.device).expand(len(rows), T), rows)[:, -1]
+
+    def forward_window(self, tokens: torch.Tensor, start) -> torch.Tensor:
+        """Image tokens (B, L), row b at image positions start[b]..start[b]+L-1 (``start`` an int or
+        (B,) tensor) -> logits (B, L, V). Positions past the last image token are clamped to it:
+        they are fillers of rows that end inside the window, never read by a real token."""
         if self._cache is None:
             raise RuntimeError("call prefill() before forward_window()")
-        pos = self.config.cls_token_num + start + torch.arange(tokens.shape[1], device=tokens.device)
-        return self._run(self.tok_embeddings(tokens), pos)
+        B, L = tokens.shape
+        start = torch.as_tensor(start, device=tokens.device).expand(B)
+        pos = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(max=self._max_new - 1)
+        return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos)
 
-    def crop(self, length: int) -> None:
+    def crop(self, lengths) -> None:
         """Static cache: positions >= length are simply overwritten later and masked until then."""
 
-    def _run(self, x, input_pos):
-        mask = self._attention_mask(input_pos, self._key_valid[:, : int(input_pos[-1]) + 1])
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep cache rows ``rows`` (in that order) as rows 0..len(rows)-1 and drop the others."""
+        m = len(rows)
+        for buffer in self._cache:
+            buffer[:, :m] = buffer[:, rows]
+        self._key_valid[:m] = self._key_valid[rows]
+        self._rows = m
+
+    def _run(self, x, input_pos, rows=None):
+        """x (b, L, dim) at sequence positions ``input_pos`` (b, L), for the cache rows ``rows``
+        (default: the first b)."""
+        b = x.shape[0]
+        S = int(input_pos.max()) + 1
+        key_valid = self._key_valid[:b] if rows is None else self._key_valid[rows]
+        allowed = self._attention_mask(input_pos, key_valid[:, :S])
+        # additive, made once for every layer (the fused kernel would convert a bool mask per call)
+        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
         rope = self.rope.to(x.device)[input_pos]
         k_all, v_all = self._cache
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, mask, (k_all[i], v_all[i]), input_pos)
+            x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos)
         return self.output(self.norm(x)).float()

@@ -11,16 +11,16 @@ import torch
 from diffusers.utils import BaseOutput
 
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter, INIT_SCHEMES
-from visualspec.engine import decode
+from visualspec.engine import Requests, decode, default_rule
 from visualspec.sampling import SamplingConfig, make_generator
 from visualspec.stats import DecodeStats
-from visualspec.verify import greedy_verify, lantern_verify, speculative_verify
+from visualspec.verify import gsd_verify, lantern_verify
 
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import VisualSpecPipeline, register_pipeline
 
-DECODING_MODES = ("ar", "sjd", "lantern", "speculative")
+DECODING_MODES = ("ar", "sjd", "lantern", "gsd", "speculative")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
@@ -61,7 +61,9 @@ class LlamaGenPipeline(VisualSpecPipeline):
     def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
                  draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0,
                  default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
-                 default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0):
+                 default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0,
+                 default_coupling: bool = False, default_gsd_group_size: int = 3,
+                 default_gsd_max_distance: float | None = None):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer, draft_model=draft_model)
@@ -69,7 +71,9 @@ class LlamaGenPipeline(VisualSpecPipeline):
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
                                 default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta,
                                 default_jacobi_init=default_jacobi_init,
-                                default_epsilon_cutoff=default_epsilon_cutoff)
+                                default_epsilon_cutoff=default_epsilon_cutoff, default_coupling=default_coupling,
+                                default_gsd_group_size=default_gsd_group_size,
+                                default_gsd_max_distance=default_gsd_max_distance)
         self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ conditions
@@ -167,11 +171,15 @@ class LlamaGenPipeline(VisualSpecPipeline):
         top_k: int | None = None,
         top_p: float = 1.0,
         epsilon_cutoff: float | None = None,
-        window: int = 16,
+        window="auto",
+        batch_size: int | None = None,
         jacobi_init: str | None = None,
+        coupling: bool | None = None,
         lantern_k: int | None = None,
         lantern_delta: float | None = None,
         lantern_lambda: float | None = None,
+        gsd_group_size: int | None = None,
+        gsd_max_distance: float | None = None,
         seed: int | None = None,
         generator=None,
         output_type: str = "pil",
@@ -184,6 +192,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         - ``decoding``: ``"ar"`` (one token per forward), ``"sjd"`` (Speculative Jacobi Decoding,
           lossless), ``"lantern"`` (Jacobi drafts with LANTERN relaxed acceptance, lossy, budget
           ``lantern_delta`` over ``lantern_k`` codebook neighbours, or ``lantern_lambda``), or
+          ``"gsd"`` (Jacobi drafts with grouped acceptance, lossy, see ``gsd_group_size``), or
           ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless).
         - ``guidance_scale``, ``top_k``, ``epsilon_cutoff``, ``lantern_k``, ``lantern_delta`` and
           ``jacobi_init`` default to the model's own settings (``pipe.config.default_*``; LlamaGen's
@@ -194,28 +203,94 @@ class LlamaGenPipeline(VisualSpecPipeline):
           ``"random"`` tokens (SJD's paper), or the token to the left (``"repeat_left"``) or one row
           above (``"repeat_above"``). The rule stays exact for any of them; only speed changes.
         - ``temperature=0`` decodes greedily in every mode (drafts verified by argmax match).
-        - ``window``: tokens per target forward in the speculative modes.
+        - ``window``: tokens per target forward in the speculative modes, or ``"auto"``: the engine
+          picks it each step from the measured cost of a window at this batch size on this machine
+          (measured once per model and batch size, cached) and the acceptance seen so far.
+        - ``batch_size``: at most this many images decode at once; the rest wait and take the
+          place of finished ones (continuous batching). Default: all at once.
+        - ``coupling``: Jacobi drafts re-drawn by maximal coupling with their previous draft
+          (speculative coupled decoding; lossless). Default from the folder.
+        - ``gsd_group_size``, ``gsd_max_distance``: for ``decoding="gsd"`` (grouped speculative
+          decoding, lossy): a draft is accepted with the target mass of its group, the tokens within
+          ``gsd_group_size`` ranks of it in the target's ranking whose codebook vectors lie within
+          ``gsd_max_distance`` (squared) of its own. Defaults from the folder.
         - ``seed`` or ``generator`` (a ``torch.Generator`` or one per image) make results repeatable.
         - ``output_type``: ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (token ids).
         """
-        if decoding not in DECODING_MODES:
-            raise ValueError(f"unknown decoding mode {decoding!r}; choose one of {DECODING_MODES}")
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
-        if not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {window!r}")
-        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
         jacobi_init = self.config.default_jacobi_init if jacobi_init is None else jacobi_init
-        if jacobi_init not in INIT_SCHEMES:
-            raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
-        if decoding == "speculative" and self.draft_model is None:
-            raise ValueError("decoding='speculative' needs a draft_model; load one with "
-                             "from_pretrained(..., draft_model=model) or use 'sjd'")
+        coupling = self.config.get("default_coupling", False) if coupling is None else coupling
         top_k = self.config.default_top_k if top_k is None else top_k
         epsilon_cutoff = self.config.default_epsilon_cutoff if epsilon_cutoff is None else epsilon_cutoff
         lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
         lantern_delta = self.config.default_lantern_delta if lantern_delta is None else lantern_delta
+        gsd_group_size = self.config.get("default_gsd_group_size", 3) if gsd_group_size is None else gsd_group_size
+        if gsd_max_distance is None:
+            gsd_max_distance = self.config.get("default_gsd_max_distance")
+        guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
+        self.check_inputs(decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
+                          lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance)
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale,
+                                  epsilon_cutoff=epsilon_cutoff)
+
+        cond = self._conditions(prompt, class_labels, num_images_per_prompt)
+        gen = make_generator(seed, generator)
+        model = self.transformer
+        num_tokens, vocab = model.config.block_size, model.config.vocab_size
+        rows = (cond[0] if isinstance(cond, tuple) else cond).shape[0]
+        slots = rows if batch_size is None else min(batch_size, rows)
+
+        def prefix_of(target, ids=None):
+            part = cond if ids is None else tuple(c[ids] for c in cond) if isinstance(cond, tuple) else cond[ids]
+            return self._prefix(target, part, sampling)
+
+        queued = slots < rows
+        prefix = Requests(rows, lambda ids: prefix_of(model, ids), slots) if queued else prefix_of(model)
+        drafter, rule = None, default_rule(sampling)
+        if decoding in ("sjd", "lantern", "gsd"):
+            drafter = JacobiDrafter(vocab, jacobi_init, grid_width=model.grid_size, coupling=coupling)
+        if decoding == "speculative":
+            check_draft_compatible(model, self.draft_model)
+            draft = self.draft_model
+            drafter = DraftModelDrafter(draft, (lambda ids: prefix_of(draft, ids)) if queued else prefix_of(draft))
+        if decoding == "lantern" and not sampling.greedy:
+            table = self.neighbour_table(min(lantern_k, vocab - 1))
+            delta = None if lantern_lambda is not None else lantern_delta
+            rule = partial(lantern_verify, neighbours=table, delta=delta, lam=lantern_lambda)
+        if decoding == "gsd" and not sampling.greedy:
+            rule = partial(gsd_verify, group_size=gsd_group_size, embeddings=self.code_vectors(),
+                           max_distance=gsd_max_distance)
+        if window == "auto":
+            window = self.window_policy(prefix_of, slots) if drafter is not None else 1
+
+        with self.progress_bar(total=num_tokens * rows) as bar:
+            tokens, stats = decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=window,
+                                   generator=gen, mode=decoding + ("+coupling" if coupling and drafter else ""),
+                                   progress=bar.update)
+        images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
+        if not return_dict:
+            return images, stats
+        return VisualSpecImageOutput(images=images, stats=stats)
+
+    def check_inputs(self, decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
+                     lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance) -> None:
+        """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
+        if decoding not in DECODING_MODES:
+            raise ValueError(f"unknown decoding mode {decoding!r}; choose one of {DECODING_MODES}")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
+        if window != "auto" and not hasattr(window, "search") and (
+                not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise ValueError(f"window must be an integer >= 1, 'auto' or a WindowPolicy, got {window!r}")
+        for name, value in (("num_images_per_prompt", num_images_per_prompt), ("batch_size", batch_size)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if jacobi_init not in INIT_SCHEMES:
+            raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
+        if not isinstance(coupling, bool):
+            raise ValueError(f"coupling must be True or False, got {coupling!r}")
+        if decoding == "speculative" and self.draft_model is None:
+            raise ValueError("decoding='speculative' needs a draft_model; load one with "
+                             "from_pretrained(..., draft_model=model) or use 'sjd'")
         if decoding == "lantern":
             if lantern_lambda is None and not 0 <= lantern_delta <= 1:
                 raise ValueError(f"lantern_delta must be in [0, 1], got {lantern_delta!r}")
@@ -223,37 +298,46 @@ class LlamaGenPipeline(VisualSpecPipeline):
                 raise ValueError(f"lantern_lambda must be >= 1, got {lantern_lambda!r}")
             if not isinstance(lantern_k, int) or lantern_k < 1:
                 raise ValueError(f"lantern_k must be an integer >= 1, got {lantern_k!r}")
-        if guidance_scale is None:
-            guidance_scale = self.config.default_guidance_scale
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale,
-                                  epsilon_cutoff=epsilon_cutoff)
+        if decoding == "gsd":
+            if not isinstance(gsd_group_size, int) or isinstance(gsd_group_size, bool) or gsd_group_size < 0:
+                raise ValueError(f"gsd_group_size must be an integer >= 0, got {gsd_group_size!r}")
+            if gsd_max_distance is not None and not gsd_max_distance >= 0:
+                raise ValueError(f"gsd_max_distance must be >= 0 or None, got {gsd_max_distance!r}")
 
-        cond = self._conditions(prompt, class_labels, num_images_per_prompt)
-        gen = make_generator(seed, generator)
-        model = self.transformer
-        num_tokens = model.config.block_size
-        vocab = model.config.vocab_size
+    def code_vectors(self) -> torch.Tensor:
+        """The VQ codebook vectors (V, D) that LANTERN and GSD measure visual similarity with
+        (L2-normalised when the tokenizer normalises its codes)."""
+        codebook = self.vq_model.quantize.embedding.weight.detach().float()
+        if self.vq_model.config.codebook_l2_norm:
+            codebook = torch.nn.functional.normalize(codebook, dim=-1)
+        return codebook.to(self.device)
 
-        drafter = None
-        rule = greedy_verify if sampling.greedy else speculative_verify
-        if decoding in ("sjd", "lantern"):
-            drafter = JacobiDrafter(vocab, jacobi_init, grid_width=model.grid_size)
-        if decoding == "speculative":
-            check_draft_compatible(model, self.draft_model)
-            drafter = DraftModelDrafter(self.draft_model, self._prefix(self.draft_model, cond, sampling))
-        if decoding == "lantern" and not sampling.greedy:
-            table = self.neighbour_table(min(lantern_k, vocab - 1))
-            delta = None if lantern_lambda is not None else lantern_delta
-            rule = partial(lantern_verify, neighbours=table, delta=delta, lam=lantern_lambda)
+    def window_policy(self, prefix_of, slots: int):
+        """The :class:`visualspec.window.WindowPolicy` of ``window="auto"`` at ``slots`` images: cost
+        tables at slots, slots/2, ..., 1 images (the batch shrinks as images finish), measured
+        once per model and batch size on this machine and cached on disk."""
+        from visualspec.window import WindowPolicy, cached_window_costs, prefix_rows
 
-        with self.progress_bar(total=num_tokens) as bar:
-            tokens, stats = decode(model, self._prefix(model, cond, sampling), num_tokens, sampling,
-                                   drafter=drafter, rule=rule, window=window, generator=gen, mode=decoding,
-                                   progress=bar.update)
-        images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
-        if not return_dict:
-            return images, stats
-        return VisualSpecImageOutput(images=images, stats=stats)
+        tables, rows = {}, slots
+        while True:
+            prefix = prefix_of(self.transformer, list(range(rows)))
+            tables[prefix_rows(prefix)] = cached_window_costs(self.transformer, prefix, self.transformer.config.block_size)
+            if rows == 1:
+                return WindowPolicy(tables)
+            rows = max(1, rows // 2)
+
+    def window_tables(self, prompt=None, class_labels=None, *, batch_size: int = 1,
+                      guidance_scale: float | None = None) -> dict[int, dict[int, float]]:
+        """The cost tables ``window="auto"`` decodes ``batch_size`` images of this condition with,
+        ``{model_rows: {W: seconds per forward}}`` (see :meth:`window_policy`)."""
+        scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
+        cond = self._conditions(prompt, class_labels, batch_size)
+        sampling = SamplingConfig(guidance_scale=scale)
+
+        def prefix_of(target, ids):
+            return self._prefix(target, tuple(c[ids] for c in cond) if isinstance(cond, tuple) else cond[ids], sampling)
+
+        return self.window_policy(prefix_of, batch_size).tables
 
     def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
         """Token ids (B, h*w) -> images through the VQ decoder."""

@@ -97,7 +97,10 @@ def write_jsonl(path, objs):
 
 
 def run(pipe, out, prompts=GENEVAL, **kw):
+    """3 prompts x 2 images in chunks of one prompt (2 images, decoding together) unless told."""
     kw = {"images_per_prompt": 2, "seed": 7, "progress": False, **CLI_KWARGS, **kw}
+    kw["batch_size"] = kw.get("batch_size") or 2
+    kw.setdefault("chunk_size", kw["batch_size"])
     return generate_batch(pipe, prompts, out, **kw)
 
 
@@ -244,6 +247,7 @@ def test_cli_explicit_shards_equal_one_process(reference, tiny, tmp_path, capsys
     for rank in (1, 0):
         assert main(["batch", "--model", tiny, "--prompts", str(prompts), "--out", str(tmp_path / "two"),
                      "--images-per-prompt", "2", "--seed", "7", "--rank", str(rank), "--world-size", "2",
+                     "--batch-size", "2", "--chunk-size", "2", "--window", "16",
                      "--no-progress"]) == 0
     assert snapshot(tmp_path / "two") == reference[2]
     assert main(["batch", "--model", tiny, "--prompts", str(prompts), "--out", str(tmp_path / "x"), "--rank", "0"]) == 2
@@ -270,7 +274,8 @@ def test_torchrun_two_processes_equal_one_process(reference, home, tiny, tmp_pat
     env = {**os.environ, "VISUALSPEC_HOME": str(home), "OMP_NUM_THREADS": "1"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     result = subprocess.run(torchrun + ["-m", "visualspec.cli", "batch", "--model", tiny, "--prompts", str(prompts),
-                                        "--out", str(out), "--images-per-prompt", "2", "--seed", "7", "--no-progress"],
+                                        "--out", str(out), "--images-per-prompt", "2", "--seed", "7", "--no-progress",
+                                        "--batch-size", "2", "--chunk-size", "2", "--window", "16"],
                             env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     total = json.loads(result.stdout.strip().splitlines()[-1])
@@ -289,3 +294,28 @@ def test_distributed_context_without_a_launcher(monkeypatch):
     with pytest.raises(ValueError, match="MASTER_ADDR"):
         with distributed_context():
             pass
+
+
+def test_auto_windows_resume_byte_identically_from_the_recorded_costs(pipe, tmp_path):
+    """With window="auto" the chunk of 6 images decodes 2 at a time (continuous batching), the
+    measured window costs are recorded on the first run, and a resume decodes with those very
+    costs (it measures nothing), so the rebuilt files are the same bytes."""
+    kw = {**CLI_KWARGS, "window": "auto"}
+    out = tmp_path / "auto"
+    run(pipe, out, batch_size=2, chunk_size=6, **kw)
+    config = json.loads((out / "batch_config.json").read_text())
+    assert config["batch_size"] == 2 and config["chunk_size"] == 6 and config["window_costs"]
+    reference = snapshot(out)
+    os.remove(out / "00001/samples/0000.png")
+
+    class NoMeasuring(Counting):
+        def window_tables(self, *args, **kwargs):
+            raise AssertionError("a resume must reuse the recorded window costs")
+
+        def __call__(self, prompts, **kw):
+            assert kw["batch_size"] == 2 and len(prompts) == 6
+            return super().__call__(prompts, **kw)
+
+    counting = NoMeasuring(pipe)
+    assert run(counting, out, batch_size=2, chunk_size=6, **kw)["generated"] == 1 and counting.calls == 1
+    assert snapshot(out) == reference

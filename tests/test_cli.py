@@ -39,7 +39,7 @@ def test_bench_runs_every_mode_side_by_side(home):
     report = home / "bench.json"
     assert main(["bench", "--images", "1", "--json", str(report), "--lantern-k", "8"]) == 0
     result = json.loads(report.read_text())["results"]
-    assert set(result) == {"ar", "sjd", "lantern"}
+    assert set(result) == {"ar", "sjd", "sjd+coupling", "lantern", "gsd"}
     assert result["ar"]["target_forwards_per_image"] == 256 and result["ar"]["forwards_ratio_to_ar"] == 1
     assert result["sjd"]["target_forwards_per_image"] < 256
 
@@ -71,4 +71,4 @@ def test_bench_quality_scores_the_timed_images(home, tmp_path):
     for mode in ("ar", "sjd", "lantern"):
         r = result["results"][mode]
         assert 0 <= r["geneval_overall"] <= 1 and r["fid_shapes"] >= 0 and len(r["geneval_tasks"]) == 6
-        assert len(list((tmp_path / "imgs" / mode).glob("*/samples/0000.png"))) == 6
+        assert len(list((tmp_path / "imgs" / "batch1" / mode).glob("*/samples/0000.png"))) == 6

@@ -65,7 +65,7 @@ def test_greedy_sjd_equals_greedy_ar_for_llamagen(init, model_type):
     sjd, stats = decode(model, prefix, 64, GREEDY, drafter=JacobiDrafter(32, init, grid_width=8), rule=greedy_verify,
                         window=8, generator=torch.Generator().manual_seed(0))
     assert torch.equal(ar, sjd)
-    assert ar_stats.target_forwards == 64 and stats.target_forwards < 64
+    assert ar_stats.target_forwards == 64 and stats.forwards_per_sequence < 64
 
 
 def test_greedy_draft_model_decoding_equals_greedy_ar():
@@ -76,7 +76,7 @@ def test_greedy_draft_model_decoding_equals_greedy_ar():
     spec, stats = decode(target, labels, 64, GREEDY, drafter=DraftModelDrafter(draft, labels), rule=greedy_verify,
                          window=5)
     assert torch.equal(ar, spec)
-    assert stats.steps == 13  # every draft accepted: 12 full windows of 5 tokens, then the last 3
+    assert stats.steps == 2 * 13  # both rows accept every draft: 12 full windows of 5 tokens, then the last 3
     weak = tiny_llamagen(seed=3, vocab_size=32, block_size=64, dim=16, n_layer=1, std=0.3)
     spec, stats = decode(target, labels, 64, GREEDY, drafter=DraftModelDrafter(weak, labels), rule=greedy_verify,
                          window=4)
@@ -126,11 +126,12 @@ def test_stats_account_for_every_token():
     model = tiny_llamagen(vocab_size=32, block_size=64, std=0.3)
     tokens, stats = decode(model, torch.tensor([0, 1]), 64, SamplingConfig(), drafter=JacobiDrafter(32, "random"),
                            rule=speculative_verify, window=8, generator=torch.Generator().manual_seed(0))
-    assert 1 + sum(stats.accepted_lengths) == 64
-    assert stats.target_forwards == 1 + stats.steps
+    assert stats.batch_size + sum(stats.accepted_lengths) == 2 * 64  # each row: its first token, then its steps
+    assert int(stats.row_forwards.sum()) == stats.batch_size + stats.steps
+    assert stats.target_forwards == int(stats.row_forwards.max())  # the rows ran side by side
     assert max(stats.accepted_lengths) <= 8 and sum(stats.accepted_histogram.values()) == stats.steps
     fixed = stats.acceptance_map(8, 8)
-    assert fixed[0, 0] == 1 and fixed.max() == stats.target_forwards and (fixed.flatten()[1:] >= fixed.flatten()[:-1]).all()
+    assert fixed[0, 0] == 1 and fixed.max() == stats.row_forwards[0] and (fixed.flatten()[1:] >= fixed.flatten()[:-1]).all()
     image = stats.acceptance_map_image(8, 8, scale=4)
     assert image.size == (32, 32)
     with pytest.raises(ValueError, match="acceptance map"):

@@ -12,10 +12,11 @@ import torch
 from conftest import tiny_hf, tiny_llamagen
 from test_verify import accept_with_p_rule
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter
+from visualspec.engine import decode
 from visualspec.hf import HFCausalLM
 from visualspec.sampling import SamplingConfig
 from visualspec.testing import chi_square_fit, exact_sequence_distribution, sample_sequences
-from visualspec.verify import Verdict, speculative_verify
+from visualspec.verify import Verdict, point_mass, speculative_verify
 
 N, V, SAMPLES = 4, 4, 40000
 PLAIN = SamplingConfig()
@@ -40,7 +41,12 @@ def batch_wrong_rule(draft_tokens, draft_probs, target_probs, generator):
 
 
 def fit_for(model, make_prefix, sampling, rule=speculative_verify, drafter=None, window=4, seed=0):
-    """``drafter(rows)`` builds a fresh drafter for a batch of ``rows`` rows."""
+    """``drafter(rows)`` builds a fresh drafter for a batch of ``rows`` rows. With a drafter, the
+    rows of a batch must commit different counts (so the ragged path is what is tested)."""
+    if drafter is not None:
+        _, stats = decode(model, make_prefix(64), N, sampling, drafter=drafter(64), rule=rule, window=window,
+                          generator=torch.Generator().manual_seed(seed))
+        assert stats.row_forwards.unique().numel() > 1, "every row accepted alike: not a ragged batch"
     seqs, probs = exact_sequence_distribution(model, make_prefix, N, sampling)
     samples = sample_sequences(model, make_prefix, N, sampling, SAMPLES, seed=seed, rule=rule, window=window,
                                drafter_factory=drafter or (lambda rows: None))
@@ -115,4 +121,39 @@ def test_the_harness_catches_a_wrong_rule(mode):
         draft = tiny_llamagen(seed=7, vocab_size=V, block_size=N, dim=16, n_layer=1)
         drafter = lambda rows: DraftModelDrafter(draft, labels_prefix(PLAIN)(rows))  # noqa: E731
     fit = fit_for(target, labels_prefix(PLAIN), PLAIN, rule=batch_wrong_rule, drafter=drafter, window=3)
+    assert not fit.passed, fit
+
+
+class StaleCoupling(JacobiDrafter):
+    """The released Lumina/Janus form of coupling: a draft the coupling kept carries its *old* q
+    into the next verification instead of the new distribution (a wrong rule: not lossless)."""
+
+    def observe(self, n, committed, target_probs, generator=None):
+        drafts, q = self.proposed
+        super().observe(n, committed, target_probs, generator)
+        B, K1, V = target_probs.shape
+        index = (committed[:, None] + torch.arange(K1)).clamp(max=K1 - 1)
+        old = torch.cat([drafts, torch.full_like(drafts[:, :1], -1)], 1).gather(1, index)
+        q = point_mass(drafts, V) if q is None else q
+        old_q = torch.cat([q, torch.zeros_like(q[:, :1])], 1).gather(1, index[..., None].expand(B, K1, V))
+        self.carried_probs = torch.where((self.carried == old)[..., None], old_q.to(target_probs.dtype),
+                                         self.carried_probs)
+
+
+@pytest.mark.parametrize("sampling, init", [(PLAIN, "random"), (GUIDED, "repeat_above")],
+                         ids=["plain-random", "guided-topk-topp-repeat_above"])
+def test_coupled_sjd_is_lossless(sampling, init):
+    model = tiny_llamagen(seed=0, vocab_size=V, block_size=N)
+    fit = fit_for(model, labels_prefix(sampling), sampling,
+                  drafter=lambda rows: JacobiDrafter(V, init, grid_width=2, coupling=True), window=4)
+    assert fit.passed, fit
+
+
+def test_the_harness_catches_stale_coupling():
+    """Control for the test above: the same coupling with the old q kept must fail. The coupled
+    positions are really exercised: a window of 4 carries two predicted positions past a commit
+    of one token."""
+    model = tiny_llamagen(seed=0, vocab_size=V, block_size=N)
+    fit = fit_for(model, labels_prefix(PLAIN), PLAIN,
+                  drafter=lambda rows: StaleCoupling(V, "random", coupling=True), window=4)
     assert not fit.passed, fit

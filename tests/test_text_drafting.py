@@ -7,6 +7,8 @@ from visualspec.drafters import NGramDrafter
 from visualspec.sampling import SamplingConfig
 from visualspec.verify import typical_verify
 
+gen = None  # the randomness of drafter calls in tests that set none
+
 
 def test_ngram_lookup_takes_the_latest_longest_match():
     d = NGramDrafter([[0]], max_ngram=3)
@@ -22,13 +24,13 @@ def test_ngram_lookup_takes_the_latest_longest_match():
 
 def test_ngram_drafter_reads_prompt_and_generated_tokens_per_row():
     d = NGramDrafter([[1, 2, 3, 4], [7, 7, 8]], max_ngram=2)
-    d.start(2, 8, SamplingConfig(), None)
+    d.start(2, 8, SamplingConfig())
     tokens = torch.tensor([[1, 2, 0, 0], [8, 7, 0, 0]])
-    drafts, probs = d.propose(tokens, 2, 3)
+    drafts, probs = d.propose(tokens, 2, 3, generator=gen)
     assert probs is None  # point masses
     assert drafts.tolist() == [[3, 4, 1], [8, 8, 7]]  # row 1: no 2-gram match; "7" last seen at 1
     with pytest.raises(ValueError, match="prompts"):
-        d.start(3, 8, SamplingConfig(), None)
+        d.start(3, 8, SamplingConfig())
 
 
 def test_typical_acceptance_keeps_tokens_above_the_entropy_threshold():

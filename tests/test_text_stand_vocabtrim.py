@@ -21,6 +21,8 @@ FILTERED = SamplingConfig(temperature=0.8, top_k=3, top_p=0.95)
 PROMPT = [0, 2, 1]
 STAND_PROMPT = [1, 0, 2, 0, 1]  # contexts with several successors: many STAND drafts are random (20-60%)
 
+gen = None  # the randomness of drafter calls in tests that set none
+
 
 # ----------------------------------------------------------------------------------------------
 # greedy equality through generate_text
@@ -72,8 +74,8 @@ def fit_for(target, sampling, drafter, prompt=PROMPT, samples=SAMPLES, window=3,
 class UniformClaimStand(StandDrafter):
     """Control: samples drafts from the table but claims they came from the uniform distribution."""
 
-    def propose(self, tokens, n, k):
-        drafts, q = super().propose(tokens, n, k)
+    def propose(self, tokens, n, k, generator=None):
+        drafts, q = super().propose(tokens, n, k, generator)
         return drafts, (None if q is None else torch.full_like(q, 1.0 / q.shape[-1]))
 
 
@@ -85,9 +87,9 @@ class ForgetsTheTrim(VocabTrimDrafter):
         self.claims.append(self.sampling.probs(logits) * torch.isin(torch.arange(logits.shape[-1]), self.keep))
         return super()._draft_probs(logits)
 
-    def propose(self, tokens, n, k):
+    def propose(self, tokens, n, k, generator=None):
         self.claims = []
-        drafts, q = super().propose(tokens, n, k)
+        drafts, q = super().propose(tokens, n, k, generator)
         return drafts, (torch.stack(self.claims, 1) if self.claims else q)
 
 
@@ -160,10 +162,11 @@ def test_vocabtrim_q_is_zero_outside_the_kept_set_and_drafts_are_kept(sampling):
     B, k = 256, 4
     prompt = torch.randint(2, 64, (B, 5), generator=torch.Generator().manual_seed(0))
     drafter = VocabTrimDrafter(HFCausalLM(draft, head_rows=keep), prompt, keep)
-    drafter.start(B, 8, sampling, torch.Generator().manual_seed(1))
+    drafter.start(B, 8, sampling)
+    gen = torch.Generator().manual_seed(1)
     tokens = torch.zeros(B, 8, dtype=torch.long)
     tokens[:, 0] = 5
-    drafts, q = drafter.propose(tokens, 1, k)
+    drafts, q = drafter.propose(tokens, 1, k, generator=gen)
     assert q.shape == (B, k, 64) and bool(torch.isin(drafts, keep).all())
     assert bool((q[..., outside] == 0).all()) and torch.allclose(q.sum(-1), torch.ones(B, k))
     assert drafter.forwards == 1 + k  # prefill + one forward per draft
@@ -180,9 +183,10 @@ def test_vocabtrim_on_a_token_model_without_a_trimmed_head_and_with_guidance():
     keep = [1, 4, 5, 11]
     labels = torch.tensor([1, 2, 3, 3])  # [cond; uncond] for guidance 3 with 2 rows
     drafter = VocabTrimDrafter(model, labels, keep)
-    drafter.start(2, 8, SamplingConfig(guidance_scale=3.0, temperature=0.9), torch.Generator().manual_seed(0))
+    drafter.start(2, 8, SamplingConfig(guidance_scale=3.0, temperature=0.9))
+    gen = torch.Generator().manual_seed(0)
     tokens = torch.zeros(2, 8, dtype=torch.long)
-    drafts, q = drafter.propose(tokens, 1, 3)
+    drafts, q = drafter.propose(tokens, 1, 3, generator=gen)
     assert torch.isfinite(q).all() and torch.allclose(q.sum(-1), torch.ones(2, 3))
     outside = [t for t in range(16) if t not in keep]
     assert bool((q[..., outside] == 0).all()) and bool(torch.isin(drafts, torch.tensor(keep)).all())
@@ -208,14 +212,15 @@ def test_frequent_tokens_counts_calibration_text():
 
 def stand(prompts, vocab=6, sampling=PLAIN, seed=0, **kw):
     d = StandDrafter(prompts, vocab, **kw)
-    d.start(len(prompts), 16, sampling, torch.Generator().manual_seed(seed))
+    d.start(len(prompts), 16, sampling)
+    gen = torch.Generator().manual_seed(seed)
     return d
 
 
 def test_stand_is_seeded_from_the_prompt_with_point_mass_counts():
     d = stand([[5, 1, 5, 2, 5, 1, 3, 5]], max_ngram=2)
     tokens = torch.tensor([[0, 0]])  # generated token 0 = 0: context (5, 0) is unseen, so is (0)...
-    drafts, q = d.propose(tokens, 1, 1)
+    drafts, q = d.propose(tokens, 1, 1, generator=gen)
     assert drafts.tolist() == [[0]] and q[0, 0].tolist() == [1, 0, 0, 0, 0, 0]  # ... repeat the last token
     d = stand([[5, 1, 5, 2, 5, 1, 3, 5]], max_ngram=2)
     # after "5" came 1, 2, 1: q = (1: 2/3, 2: 1/3); after "3 5" nothing yet, after "5" the same
@@ -223,7 +228,7 @@ def test_stand_is_seeded_from_the_prompt_with_point_mass_counts():
     torch.testing.assert_close(q, torch.tensor([0, 2 / 3, 1 / 3, 0, 0, 0]))
     greedy = stand([[5, 1, 5, 2, 5, 1, 3, 5]], max_ngram=2, sampling=SamplingConfig(temperature=0))
     # generated "1" after "3 5": "5 1" was followed by 5 and 3 (a tie: the smaller id), "1 3" by 5
-    drafts, q = greedy.propose(torch.tensor([[1, 0, 0]]), 1, 2)
+    drafts, q = greedy.propose(torch.tensor([[1, 0, 0]]), 1, 2, generator=gen)
     assert q is None and drafts.tolist() == [[3, 5]]
 
 
@@ -232,21 +237,21 @@ def test_stand_learns_the_targets_distribution_from_observe():
     d = stand([[0, 1, 2]] * B, max_ngram=2, top_m=4)
     tokens = torch.zeros(B, 4, dtype=torch.long)
     tokens[:, 0] = 3
-    d.propose(tokens, 1, 1)
+    d.propose(tokens, 1, 1, generator=gen)
     target_probs = torch.zeros(B, 2, 6)
     target_probs[:, 0] = d_probs  # the target's distribution at position 1, after "... 2 3"
     target_probs[:, 1] = torch.tensor([1.0, 0, 0, 0, 0, 0])  # past the committed token: ignored
-    d.observe(1, 1, target_probs)
+    d.observe(1, 1, target_probs, generator=gen)
     tokens[:, 1] = 3  # committed "3" again: the draft's context "3 3" falls back to "3" -> d_probs
-    drafts, q = d.propose(tokens, 2, 1)
+    drafts, q = d.propose(tokens, 2, 1, generator=gen)
     torch.testing.assert_close(q[:, 0], d_probs.expand(B, 6))
     law = torch.bincount(drafts[:, 0], minlength=6).double() / B
     assert 0.5 * (law - d_probs.double()).abs().sum() < 0.02  # drafts are samples from it
     # top_m truncates: with top_m = 2 only the two heaviest tokens remain, renormalised
     d = stand([[0, 1, 2]], max_ngram=1, top_m=2)
-    d.propose(torch.tensor([[3, 0, 0]]), 1, 1)
-    d.observe(1, 1, d_probs.expand(1, 2, 6))
-    _, q = d.propose(torch.tensor([[3, 3, 0]]), 2, 1)
+    d.propose(torch.tensor([[3, 0, 0]]), 1, 1, generator=gen)
+    d.observe(1, 1, d_probs.expand(1, 2, 6), generator=gen)
+    _, q = d.propose(torch.tensor([[3, 3, 0]]), 2, 1, generator=gen)
     torch.testing.assert_close(q[0, 0], torch.tensor([0, 0, 0.625, 0, 0.375, 0]))
 
 
@@ -260,14 +265,14 @@ def test_stand_memory_stays_within_its_bound_and_evicts_the_least_recently_used(
     tokens = torch.zeros(1, 40, dtype=torch.long)
     n = 1
     while n < 39:  # a decode loop with the target's (random) distributions
-        drafts, _ = d.propose(tokens, n, 3)
+        drafts, _ = d.propose(tokens, n, 3, generator=gen)
         p = torch.softmax(3 * torch.randn(1, 4, 50, generator=g), -1)
         committed = min(2, 39 - n)
         tokens[:, n:n + committed] = drafts[:, :committed]
-        d.observe(n, committed, p)
+        d.observe(n, committed, p, generator=gen)
         n += committed
         assert len(table) <= 64 and all(len(e) <= 3 for e in table.values())
-    d.propose(tokens, n, 1)
+    d.propose(tokens, n, 1, generator=gen)
     assert tuple(tokens[0, n - 4:n - 1].tolist()) in table  # the context of the last committed token
 
 
@@ -276,9 +281,9 @@ def test_stand_tree_draws_distinct_first_tokens_without_replacement():
     q0 = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0, 0.0])
     d = stand([[1, 2]] * B, max_ngram=1, top_m=6, seed=3)
     tokens = torch.full((B, 3), 3)
-    d.propose(tokens, 1, 0)  # learns "2 -> 3" (the first generated token)
-    d.observe(1, 1, q0.expand(B, 2, 6))  # after "3" the target has q0
-    tree = d.propose_tree(tokens, 2, branches, depth)  # context "3"
+    d.propose(tokens, 1, 0, generator=gen)  # learns "2 -> 3" (the first generated token)
+    d.observe(1, 1, q0.expand(B, 2, 6), generator=gen)  # after "3" the target has q0
+    tree = d.propose_tree(tokens, 2, branches, depth, generator=gen)  # context "3"
     assert tree.scheme == "without_replacement" and tree.tokens.shape == (B, branches, depth)
     assert tree.chain_q.shape == (B, branches, depth - 1, 6)
     torch.testing.assert_close(tree.first_q, q0.expand(B, 6))
@@ -304,12 +309,12 @@ def test_stand_tree_draws_distinct_first_tokens_without_replacement():
 
 def test_stand_tree_with_a_narrow_distribution_and_at_temperature_zero():
     small = stand([[1, 2]], max_ngram=1, seed=4)
-    wide = small.propose_tree(torch.tensor([[1, 0]]), 1, 3, 1)  # after "1" only 2 was seen
+    wide = small.propose_tree(torch.tensor([[1, 0]]), 1, 3, 1, generator=gen)  # after "1" only 2 was seen
     first = wide.tokens[0, :, 0].tolist()
     assert first[0] == 2 and len(set(first)) == 3 and wide.first_q[0, first[1:]].tolist() == [0, 0]
     assert wide.chain_q.shape == (1, 3, 0, 6)
     greedy = stand([[1, 2, 1, 3, 1, 2]], max_ngram=1, sampling=SamplingConfig(temperature=0))
-    tree = greedy.propose_tree(torch.tensor([[1, 0]]), 1, 2, 2)  # after "1": 2 twice, 3 once
+    tree = greedy.propose_tree(torch.tensor([[1, 0]]), 1, 2, 2, generator=gen)  # after "1": 2 twice, 3 once
     assert tree.scheme == "greedy" and tree.first_q is None and tree.chain_q is None
     assert tree.tokens.tolist() == [[[2, 1], [3, 1]]]
 
@@ -351,6 +356,6 @@ def test_errors_are_named(tokenizer):
     with pytest.raises(ValueError, match="prompt token ids"):
         StandDrafter([[1, 9]], 8)
     with pytest.raises(ValueError, match="prompts for a batch"):
-        StandDrafter([[1]], 8).start(2, 4, PLAIN, None)
+        StandDrafter([[1]], 8).start(2, 4, PLAIN)
     with pytest.raises(ValueError, match="branches"):
         stand([[1]]).propose_tree(torch.tensor([[1]]), 1, 7, 1)

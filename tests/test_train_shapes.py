@@ -225,7 +225,8 @@ def test_the_shipped_model_records_the_default_recipe():
     default = json.loads(json.dumps(asdict(ShapesTrainingConfig())))
     assert record["config"] == default
     folder = json.loads((SHAPES_T2I_DIR / "model_index.json").read_text())
-    for field in ("guidance_scale", "top_k", "epsilon_cutoff", "lantern_k", "lantern_delta", "jacobi_init"):
+    for field in ("guidance_scale", "top_k", "epsilon_cutoff", "lantern_k", "lantern_delta", "jacobi_init",
+                  "gsd_group_size"):
         assert folder[f"default_{field}"] == default[field], field
 
 

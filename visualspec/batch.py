@@ -13,14 +13,17 @@ Layout (what GenEval's ``evaluate_images.py`` reads)::
 
 Guarantees:
 
+- **Continuous batching.** ``batch_size`` images decode at once; each commits its own accepted
+  tokens every step, and a finished image's place goes to the next image of its chunk.
 - **Determinism.** Image k of prompt i is drawn with its own generator seeded by
   :func:`image_seed` ``(seed, i, k)``, and always inside the same *chunk*: the flattened list of
-  images (prompt-major) is cut into fixed chunks of ``batch_size`` images, and a chunk is always
-  generated whole. Its pixels therefore depend only on the model, the prompt, the settings and
-  ``batch_size``, never on sharding, on which other images were already done, or on interruptions.
-  (Fixed chunks are needed, not just per-image generators: batched speculative decoding commits the
-  batch-minimum accepted length, so a row's random draws depend on its batch-mates; and float
-  kernels may differ with the batch shape.)
+  images (prompt-major) is cut into fixed chunks of ``chunk_size`` images, and a chunk is always
+  generated whole. Its pixels therefore depend only on the model, the prompt, the settings,
+  ``batch_size`` and ``chunk_size``, never on sharding, on which other images were already done, or
+  on interruptions. (An image's law depends on its prompt and generator alone; fixed chunks also
+  pin what the law leaves open: float kernels may round differently with the batch's make-up, and
+  ``window="auto"`` picks windows from the batch's acceptance so far. The measured window costs
+  that ``"auto"`` uses are recorded in ``batch_config.json`` on the first run and reused on resume.)
 - **Resume.** A sample that exists is never rewritten; a chunk whose samples all exist is skipped; a
   chunk with some samples missing is generated again and only the missing files are written (they
   are byte-identical to what the first run would have written). ``batch_config.json`` refuses a
@@ -192,8 +195,18 @@ def _check_metadata(out_dir, index: int, meta: dict) -> None:
     atomic_write(path, lambda f: f.write(line))
 
 
-def _check_config(out_dir, config: dict) -> None:
-    """Record the pixel-determining settings on the first run; refuse to resume with others."""
+def _window_costs(pipe, decoding: str, metas: list, batch_size: int, pipe_kwargs: dict) -> dict | None:
+    """The window costs ``window="auto"`` decodes with, measured once (None when not needed)."""
+    if decoding == "ar" or pipe_kwargs.get("window", "auto") != "auto" or not hasattr(pipe, "window_tables"):
+        return None
+    kw = {k: pipe_kwargs[k] for k in ("guidance_scale",) if k in pipe_kwargs}
+    tables = pipe.window_tables([metas[0]["prompt"]], batch_size=batch_size, **kw)
+    return {str(rows): {str(w): c for w, c in sorted(t.items())} for rows, t in sorted(tables.items())}
+
+
+def _check_config(out_dir, config: dict, window_costs: Callable[[], dict | None] = lambda: None) -> dict:
+    """Record the pixel-determining settings on the first run; refuse to resume with others.
+    Returns the recorded settings, with the window costs measured on the first run."""
     path = Path(out_dir) / CONFIG_NAME
     if path.is_file():
         try:
@@ -205,8 +218,10 @@ def _check_config(out_dir, config: dict) -> None:
             text = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in differ.items())
             raise ValueError(f"{out_dir} was generated with other settings ({text}); resuming would mix images. "
                              f"Use the same settings or a fresh output folder")
-        return
+        return old
+    config = {**config, "window_costs": window_costs()}
     _write_json(path, config, indent=2)
+    return config
 
 
 def _jsonable(value):
@@ -226,7 +241,8 @@ def generate_batch(
     images_per_prompt: int = 4,
     decoding: str = "sjd",
     seed: int = 0,
-    batch_size: int | None = None,
+    batch_size: int = 16,
+    chunk_size: int | None = None,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = True,
@@ -235,9 +251,8 @@ def generate_batch(
     """Generate ``images_per_prompt`` images for every prompt of this rank into GenEval's layout.
 
     ``pipe`` is called as ``pipe([prompt] * n, decoding=..., num_images_per_prompt=1,
-    generator=[one per image], output_type="pil", **pipe_kwargs)`` once per chunk of
-    ``batch_size`` images (default: ``images_per_prompt``, i.e. one call per prompt; a larger
-    value batches several prompts per call). ``prompts`` are metadata dicts with a ``prompt``
+    generator=[one per image], batch_size=batch_size, output_type="pil", **pipe_kwargs)`` once per
+    chunk of ``chunk_size`` images (default ``4 * batch_size``). ``prompts`` are metadata dicts with a ``prompt``
     (see :func:`read_prompts`) or plain strings. See the module docstring for determinism, resume
     and sharding.
 
@@ -257,22 +272,28 @@ def generate_batch(
             raise ValueError(f"{name} must be an integer{f' >= {low}' if low is not None else ''}, got {value!r}")
     if rank >= world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-    if batch_size is None:
-        batch_size = images_per_prompt
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if chunk_size is None:
+        chunk_size = 4 * batch_size if isinstance(batch_size, int) else batch_size
+    for name, value in (("batch_size", batch_size), ("chunk_size", chunk_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     reserved = sorted(set(pipe_kwargs) & set(_RESERVED_KWARGS))
     if reserved:
         raise ValueError(f"generate_batch sets {reserved} itself; pass seed= and images_per_prompt= instead")
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _check_config(out_dir, _jsonable({
-        "format": "visualspec-batch-1", "seed": seed, "decoding": decoding, "images_per_prompt": images_per_prompt,
-        "batch_size": batch_size, "num_prompts": len(metas), "pipe_kwargs": dict(sorted(pipe_kwargs.items())),
-    }))
+    config = _check_config(out_dir, _jsonable({
+        "format": "visualspec-batch-2", "seed": seed, "decoding": decoding, "images_per_prompt": images_per_prompt,
+        "batch_size": batch_size, "chunk_size": chunk_size, "num_prompts": len(metas),
+        "pipe_kwargs": dict(sorted(pipe_kwargs.items())),
+    }), lambda: _window_costs(pipe, decoding, metas, batch_size, pipe_kwargs))
+    if config.get("window_costs"):
+        from .window import WindowPolicy
 
-    mine = [c for j, c in enumerate(chunks(len(metas), images_per_prompt, batch_size)) if j % world_size == rank]
+        pipe_kwargs = {**pipe_kwargs, "window": WindowPolicy(config["window_costs"])}
+
+    mine = [c for j, c in enumerate(chunks(len(metas), images_per_prompt, chunk_size)) if j % world_size == rank]
     my_prompts = sorted({i for c in mine for i, _ in c})
     for i in my_prompts:
         _check_metadata(out_dir, i, metas[i])
@@ -287,7 +308,8 @@ def generate_batch(
     try:
         for chunk in todo:
             out = pipe([metas[i]["prompt"] for i, _ in chunk], decoding=decoding, num_images_per_prompt=1,
-                       generator=[image_generator(seed, i, k) for i, k in chunk], output_type="pil", **pipe_kwargs)
+                       generator=[image_generator(seed, i, k) for i, k in chunk], batch_size=batch_size,
+                       output_type="pil", **pipe_kwargs)
             images = out.images if hasattr(out, "images") else out[0]
             if len(images) != len(chunk):
                 raise RuntimeError(f"the pipeline returned {len(images)} images for a chunk of {len(chunk)}")

@@ -25,48 +25,82 @@ DEFAULT_PROMPTS = [
 ]
 
 
+MODES = {
+    "ar": dict(decoding="ar"),
+    "sjd": dict(decoding="sjd", coupling=False),
+    "sjd+coupling": dict(decoding="sjd", coupling=True),
+    "lantern": dict(decoding="lantern"),
+    "gsd": dict(decoding="gsd"),
+    "speculative": dict(decoding="speculative"),
+}
+
+
+def mode_kwargs(mode: str) -> dict:
+    """Pipeline arguments of a benchmark mode: a decoding, optionally ``+coupling``."""
+    if mode in MODES:
+        return dict(MODES[mode])
+    decoding, _, extra = mode.partition("+")
+    if decoding in MODES and extra == "coupling":
+        return {**MODES[decoding], "coupling": True}
+    raise ValueError(f"unknown benchmark mode {mode!r}; choose from {sorted(MODES)} (or DECODING+coupling)")
+
+
 def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: int = 4, seed: int = 0,
-                  scorer: Callable[[Path], dict] | None = None, keep_images: str | None = None, **kwargs) -> dict:
-    """Generate ``images`` images per mode (batch 1) and summarise cost (and quality) per image.
+                  batch_size: int = 1, scorer: Callable[[Path], dict] | None = None, keep_images: str | None = None,
+                  progress: bool = False, **kwargs) -> dict:
+    """Generate ``images`` images per mode, ``batch_size`` at a time, and summarise cost (and
+    quality) per image. As in the batch command, a call holds ``4 * batch_size`` images and a
+    finished image's place goes to the next (continuous batching).
 
     ``prompts`` are strings or GenEval metadata dicts (``{"prompt": ..., "tag": ..., ...}``); image i
-    uses prompt ``i % len(prompts)`` and seed ``seed + i`` in every mode. With ``scorer``, each mode's
-    images are written in GenEval's layout and ``scorer(folder)`` is reported under ``quality``.
+    uses prompt ``i % len(prompts)`` and its own generator seeded ``seed + i`` in every mode. Modes
+    are interleaved call by call after one warm-up call each (which also measures the window costs
+    once). With ``scorer``, each mode's images are written in GenEval's layout and
+    ``scorer(folder)`` is reported under ``quality``.
     """
     if "ar" not in modes:
         modes = ("ar", *modes)
+    settings = {m: {**mode_kwargs(m), **kwargs} for m in modes}
     text = getattr(pipe, "is_text_conditional", True)
     if prompts is None:
         prompts = DEFAULT_PROMPTS if text else list(range(4))
     entries = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
     conditions = [entries[i % len(entries)] for i in range(images)]
-    for mode in modes:  # warm-up (allocations, lazy tables such as LANTERN's neighbours)
-        pipe(conditions[0]["prompt"], decoding=mode, seed=seed, output_type="latent", **kwargs)
+    per_call = 4 * batch_size if batch_size > 1 else 1  # as the batch command's chunks: slots refilled
+    calls = [list(range(s, min(s + per_call, images))) for s in range(0, images, per_call)]
+    for mode in modes:  # warm-up (allocations, window costs, lazy tables such as LANTERN's neighbours)
+        pipe([conditions[i]["prompt"] for i in calls[0]], seed=seed, output_type="latent", batch_size=batch_size,
+             **settings[mode])
     tmp = None if keep_images else tempfile.TemporaryDirectory()
     root = Path(keep_images or tmp.name)
-    rows = {m: {"forwards": [], "accepted": [], "seconds": []} for m in modes}
-    for i, entry in enumerate(conditions):
+    rows = {m: {"forwards": [], "accepted": [], "seconds": 0.0} for m in modes}
+    from tqdm.auto import tqdm
+
+    for call in tqdm(calls, desc=f"bench (batch {batch_size})", disable=not progress):
         for mode in modes:
+            generators = [torch.Generator().manual_seed(seed + i) for i in call]
             t0 = time.perf_counter()
-            out = pipe(entry["prompt"], decoding=mode, seed=seed + i, output_type="pil", **kwargs)
-            rows[mode]["seconds"].append(time.perf_counter() - t0)
-            rows[mode]["forwards"].append(out.stats.target_forwards)
-            rows[mode]["accepted"].append(out.stats.mean_accepted)
-            folder = root / mode / f"{i:05d}"
-            (folder / "samples").mkdir(parents=True, exist_ok=True)
-            (folder / "metadata.jsonl").write_text(json.dumps(entry) + "\n")
-            out.images[0].save(folder / "samples" / "0000.png")
+            out = pipe([conditions[i]["prompt"] for i in call], generator=generators, output_type="pil",
+                       batch_size=batch_size, **settings[mode])
+            rows[mode]["seconds"] += time.perf_counter() - t0
+            rows[mode]["forwards"] += out.stats.row_forwards.tolist()
+            rows[mode]["accepted"] += out.stats.accepted_lengths
+            for i, image in zip(call, out.images):
+                folder = root / mode / f"{i:05d}"
+                (folder / "samples").mkdir(parents=True, exist_ok=True)
+                (folder / "metadata.jsonl").write_text(json.dumps(conditions[i]) + "\n")
+                image.save(folder / "samples" / "0000.png")
     ar_forwards = np.mean(rows["ar"]["forwards"])
-    ar_seconds = np.mean(rows["ar"]["seconds"])
+    ar_seconds = rows["ar"]["seconds"]
     results = {}
     for mode, r in rows.items():
-        forwards, seconds = float(np.mean(r["forwards"])), float(np.mean(r["seconds"]))
+        forwards = float(np.mean(r["forwards"]))
         results[mode] = {
             "target_forwards_per_image": round(forwards, 2),
-            "mean_accepted_tokens_per_step": round(float(np.mean(r["accepted"])), 3),
-            "seconds_per_image": round(seconds, 4),
+            "mean_accepted_tokens_per_step": round(float(np.mean(r["accepted"])) if r["accepted"] else 1.0, 3),
+            "seconds_per_image": round(r["seconds"] / images, 4),
             "forwards_ratio_to_ar": round(forwards / ar_forwards, 4),
-            "speedup_vs_ar": round(ar_seconds / seconds, 3),
+            "speedup_vs_ar": round(ar_seconds / r["seconds"], 3),
         }
         if scorer is not None:
             quality = scorer(root / mode)
@@ -77,22 +111,28 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
         tmp.cleanup()
     return {
         "images_per_mode": images,
+        "batch_size": batch_size,
         "settings": {k: v for k, v in kwargs.items()},
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
+        "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
         "results": results,
         "table": format_table(results),
     }
 
 
+def _cpu_name() -> str:
+    from .window import machine_name
+
+    return machine_name(torch.device("cpu"))
+
+
 def format_table(results: dict) -> str:
     quality = all("geneval_overall" in r for r in results.values())
-    header = f"{'mode':<12}{'forwards/img':>14}{'accepted/step':>15}{'s/img':>10}{'fwd vs AR':>11}{'speedup':>9}"
+    header = f"{'mode':<14}{'forwards/img':>14}{'accepted/step':>15}{'s/img':>10}{'fwd vs AR':>11}{'speedup':>9}"
     if quality:
         header += f"{'GenEval':>9}{'FID-shapes':>12}"
     lines = [header]
     for m, r in results.items():
-        line = (f"{m:<12}{r['target_forwards_per_image']:>14.1f}{r['mean_accepted_tokens_per_step']:>15.2f}"
+        line = (f"{m:<14}{r['target_forwards_per_image']:>14.1f}{r['mean_accepted_tokens_per_step']:>15.2f}"
                 f"{r['seconds_per_image']:>10.3f}{r['forwards_ratio_to_ar']:>11.3f}{r['speedup_vs_ar']:>9.2f}")
         if quality:
             line += f"{r['geneval_overall']:>9.3f}{r['fid_shapes']:>12.2f}"

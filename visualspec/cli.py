@@ -22,7 +22,7 @@ from pathlib import Path
 
 # literal copies of the pipeline's names, so that parsing arguments needs no torch import;
 # tests/test_cli.py checks them against their sources
-MODES = ("ar", "sjd", "lantern", "speculative")
+MODES = ("ar", "sjd", "lantern", "gsd", "speculative")
 JACOBI_INITS = ("random", "repeat_left", "repeat_above")
 
 
@@ -71,9 +71,22 @@ def _prompt_or_labels(args):
     return args.prompt
 
 
+def _window_arg(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)  # the pipeline names a value below 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window must be an integer >= 1 or 'auto', got {text!r}") from None
+
+
 def _decode_kwargs(args) -> dict:
     kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, epsilon_cutoff=args.epsilon_cutoff, window=args.window, jacobi_init=args.jacobi_init)
+    if args.coupling is not None:
+        kw["coupling"] = args.coupling == "on"
+    if args.gsd_group_size is not None:
+        kw["gsd_group_size"] = args.gsd_group_size
     if args.lantern_k is not None:
         kw["lantern_k"] = args.lantern_k
     if args.lantern_delta is not None:
@@ -120,12 +133,18 @@ def cmd_bench(args) -> int:
         prompts = evaluation_prompts(per_task=args.per_task, seed=args.seed)
         args.images = len(prompts)
         scorer = score_shapes_folder
-    result = run_benchmark(pipe, prompts=prompts, modes=args.modes.split(","), images=args.images, seed=args.seed,
-                           scorer=scorer, keep_images=args.keep_images, **_decode_kwargs(args))
-    text = json.dumps(result, indent=2)
+    kwargs = _decode_kwargs(args)
+    kwargs.pop("coupling", None)  # a mode of its own: sjd+coupling
+    results = []
+    for batch_size in args.batch_sizes:
+        keep = None if args.keep_images is None else str(Path(args.keep_images) / f"batch{batch_size}")
+        result = run_benchmark(pipe, prompts=prompts, modes=args.modes.split(","), images=args.images, seed=args.seed,
+                               batch_size=batch_size, scorer=scorer, keep_images=keep, progress=True, **kwargs)
+        results.append(result)
+        print(f"batch {batch_size}, {result['images_per_mode']} images per mode, {result['machine']}")
+        print(result["table"], flush=True)
     if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(result["table"])
+        Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
     return 0
 
 
@@ -161,7 +180,8 @@ def cmd_batch(args) -> int:
             device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
         pipe.to(device)
         summary = generate_batch(pipe, prompts, args.out, images_per_prompt=args.images_per_prompt,
-                                 decoding=args.decoding, seed=args.seed, batch_size=args.batch_size, rank=rank,
+                                 decoding=args.decoding, seed=args.seed, batch_size=args.batch_size,
+                                 chunk_size=args.chunk_size, rank=rank,
                                  world_size=world_size, progress=not args.no_progress, **_decode_kwargs(args))
         summaries = gather_summaries(summary)  # every rank's, when torchrun / accelerate started the ranks
         if len(summaries) == 1:
@@ -307,7 +327,12 @@ def _add_decoding_args(p):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--epsilon-cutoff", type=float, default=None,
                    help="drop tokens below this conditional probability before guidance (default: the model's own)")
-    p.add_argument("--window", type=int, default=16, help="tokens per target forward in speculative modes")
+    p.add_argument("--window", type=_window_arg, default="auto",
+                   help="tokens per target forward in speculative modes, or 'auto' (default): chosen each step from "
+                        "the measured cost of a window at this batch size on this machine")
+    p.add_argument("--coupling", choices=("on", "off"), default=None,
+                   help="coupled Jacobi drafts (lossless; default: the model's own)")
+    p.add_argument("--gsd-group-size", type=int, default=None, help="GSD group half-width (default: the model's own)")
     p.add_argument("--jacobi-init", default=None, choices=JACOBI_INITS,
                    help="how SJD/LANTERN fill fresh window positions (default: the model's own)")
     p.add_argument("--lantern-k", type=int, default=None, help="default: the model's own")
@@ -332,7 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="AR vs SJD vs LANTERN, side by side in one run")
     b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
-    b.add_argument("--modes", default="ar,sjd,lantern")
+    b.add_argument("--modes", default="ar,sjd,sjd+coupling,lantern,gsd",
+                   help="comma-separated: ar, sjd, sjd+coupling, lantern, gsd, speculative")
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1],
+                   help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
     b.add_argument("--images", type=int, default=4, help="images per mode")
     b.add_argument("--json", help="also write the results to this JSON file")
     b.add_argument("--quality", action="store_true",
@@ -348,8 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--out", required=True, metavar="DIR", help="output folder (DIR/00000/samples/0000.png ...)")
     bt.add_argument("--images-per-prompt", type=int, default=4)
     bt.add_argument("--decoding", default="sjd", choices=MODES)
-    bt.add_argument("--batch-size", type=int, default=None,
-                    help="images per pipeline call (default: --images-per-prompt); part of what fixes the pixels")
+    bt.add_argument("--batch-size", type=int, default=16,
+                    help="images decoding at once; a finished image's place goes to the next (continuous batching)")
+    bt.add_argument("--chunk-size", type=int, default=None,
+                    help="images per chunk, the unit of resume and sharding (default: 4 x --batch-size); "
+                         "with --batch-size, part of what fixes the pixels")
     bt.add_argument("--rank", type=int, default=None, help="this shard (with --world-size; default: from torchrun)")
     bt.add_argument("--world-size", type=int, default=None, help="number of shards (with --rank)")
     bt.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")

@@ -20,28 +20,43 @@ from typing import Iterable, Sequence
 import torch
 
 from .sampling import Generator, SamplingConfig, sample, uniform
-from .verify import point_mass
+from .verify import point_mass, residual
 
 INIT_SCHEMES = ("random", "repeat_left", "repeat_above")
 
 
 class Drafter:
-    """Interface of a drafter; the decode engine calls these in order for every step."""
+    """Interface of a drafter; the decode engine calls these in order for every step.
 
-    def start(self, batch_size: int, num_tokens: int, sampling: SamplingConfig, generator: Generator) -> None:
-        """A new decode of ``num_tokens`` tokens begins."""
+    Rows are ragged: ``n`` (B,) is each row's committed count, and ``committed`` (B,) what each
+    row committed in a step. ``generator`` is that step's randomness (one generator, or one per
+    row). With continuous batching the engine also drops rows (:meth:`select`) and starts new
+    sequences in rows (:meth:`reset`).
+    """
 
-    def propose(self, tokens: torch.Tensor, n: int, k: int):
-        """Draft positions n..n+k-1 given ``tokens[:, :n]`` (committed).
+    def start(self, batch_size: int, num_tokens: int, sampling: SamplingConfig) -> None:
+        """A new decode of ``num_tokens`` tokens per row begins."""
+
+    def propose(self, tokens: torch.Tensor, n: torch.Tensor, k: int, generator: Generator = None):
+        """Draft positions n[b]..n[b]+k-1 of each row b given ``tokens[b, :n[b]]`` (committed).
 
         Returns ``(drafts (B, k) long, draft_probs (B, k, V) float or None)``.
         """
         raise NotImplementedError
 
-    def observe(self, n: int, committed: int, target_probs: torch.Tensor) -> None:
-        """The target verified the last proposal at positions n.. and committed ``committed``
-        tokens (positions n..n+committed-1); ``target_probs`` (B, k+1, V) are its distributions
-        at positions n..n+k."""
+    def observe(self, n: torch.Tensor, committed: torch.Tensor, target_probs: torch.Tensor,
+                generator: Generator = None) -> None:
+        """The target verified the last proposal at positions n.. and row b committed
+        ``committed[b]`` tokens (positions n[b]..n[b]+committed[b]-1); ``target_probs`` (B, k+1, V)
+        are its distributions at positions n..n+k."""
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (in that order) and drop the others."""
+        raise NotImplementedError(f"{type(self).__name__} cannot drop rows")
+
+    def reset(self, rows: torch.Tensor, requests: list[int]) -> None:
+        """Rows ``rows`` start new sequences (requests ``requests``) after their first token."""
+        raise NotImplementedError(f"{type(self).__name__} cannot start new sequences mid-decode")
 
     @property
     def forwards(self) -> int:
@@ -49,14 +64,42 @@ class Drafter:
         return 0
 
 
+def per_row(x, rows: int, device=None) -> torch.Tensor:
+    """An int or a (rows,) tensor of per-row counts -> a (rows,) long tensor."""
+    return torch.as_tensor(x, dtype=torch.long, device=device).expand(rows)
+
+
+def coupled_redraft(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                    generator: Generator = None) -> torch.Tensor:
+    """Maximal coupling of each old draft x ~ q with a new draw from p (SCD, "speculative coupled
+    decoding"): keep x with probability ``min(1, p(x) / q(x))``, else draw from the residual
+    ``norm(max(p - q, 0))``. The result has law exactly p, and equals x with probability
+    ``sum min(p, q)``, the largest any coupling of q and p allows, so when p barely moved the draft
+    stays. ``drafts`` (B, K), ``draft_probs`` (B, K, V) or None (point masses), ``target_probs``
+    (B, K, V) -> (B, K) long.
+    """
+    if drafts.shape[1] == 0:
+        return drafts
+    q = point_mass(drafts, target_probs.shape[-1]) if draft_probs is None else draft_probs
+    q_x = q.gather(-1, drafts[..., None])[..., 0].double()
+    p_x = target_probs.gather(-1, drafts[..., None])[..., 0].double()
+    u = uniform(drafts.shape, generator, device=drafts.device)
+    keep = (q_x > 0) & (u * q_x < p_x)
+    return torch.where(keep, drafts, sample(residual(target_probs, q), generator))
+
+
 class JacobiDrafter(Drafter):
     """Jacobi self-drafting, as in Speculative Jacobi Decoding (Teng et al. 2024).
 
     Each step the target predicts every position of its window at once. After verification, the
-    target's samples at the positions past the committed ones become the next drafts, with draft
-    distribution q = the target's distribution there in that iteration: this is SJD's
+    target's samples at the positions past each row's committed ones become the next drafts, with
+    draft distribution q = the target's distribution there in that iteration: this is SJD's
     probabilistic Jacobi criterion when verified by :func:`visualspec.verify.speculative_verify`.
-    Positions nobody has predicted yet are filled by an initialisation scheme and are point masses:
+    With ``coupling=True`` the next draft at a position that already held a draft is the maximal
+    coupling of that draft with the new distribution (:func:`coupled_redraft`), so it stays where
+    the distribution barely changed; its law, and so its q, is still the new distribution, which
+    keeps verification lossless. Positions nobody has predicted yet are filled by an
+    initialisation scheme and are point masses:
 
     - ``random``: uniform over the vocabulary (or ``init_vocab``: token ids ``[lo, hi)``),
     - ``repeat_left``: the token one position to the left,
@@ -65,7 +108,7 @@ class JacobiDrafter(Drafter):
     """
 
     def __init__(self, vocab_size: int, init: str = "random", grid_width: int | None = None,
-                 init_vocab: tuple[int, int] | None = None):
+                 init_vocab: tuple[int, int] | None = None, coupling: bool = False):
         if init not in INIT_SCHEMES:
             raise ValueError(f"unknown Jacobi init scheme {init!r}; choose one of {INIT_SCHEMES}")
         if init == "repeat_above" and not grid_width:
@@ -74,48 +117,75 @@ class JacobiDrafter(Drafter):
         self.init = init
         self.grid_width = grid_width
         self.init_vocab = init_vocab or (0, vocab_size)
+        self.coupling = coupling
 
-    def start(self, batch_size, num_tokens, sampling, generator):
-        self.sampling, self.generator = sampling, generator
-        self.carried = None  # (B, c) tokens predicted by the target past the committed prefix
-        self.carried_probs = None  # (B, c, V) the distributions they were sampled from
+    def start(self, batch_size, num_tokens, sampling):
+        self.sampling = sampling
+        self.carried = None  # (B, C) tokens predicted by the target past each row's committed prefix
+        self.carried_probs = None  # (B, C, V) the distributions they were sampled from
+        self.count = torch.zeros(batch_size, dtype=torch.long)  # valid carried tokens per row
+        self.proposed = None  # (drafts, q) of the latest proposal, for coupling
 
-    def propose(self, tokens, n, k):
-        B = tokens.shape[0]
-        c = 0 if self.carried is None else min(self.carried.shape[1], k)
+    def propose(self, tokens, n, k, generator=None):
+        B, device = tokens.shape[0], tokens.device
+        n = per_row(n, B, device)
+        offsets = torch.arange(k, device=device)
+        count = self.count.to(device)
+        carried = (offsets[None] < count[:, None]) if self.carried is not None else offsets[None].expand(B, k) < 0
+        lo, hi = self.init_vocab
+        if self.init == "random":  # k draws per row, whatever it carries
+            u = uniform((B, k), generator, device=device)
+            fresh = (lo + (u * (hi - lo)).long().clamp(max=hi - lo - 1)).to(tokens.dtype)
         drafts = tokens.new_empty(B, k)
-        drafts[:, :c] = self.carried[:, :c] if c else drafts[:, :0]
-        for j in range(c, k):  # fresh positions, initialised left to right
-            drafts[:, j] = self._init_token(tokens, drafts, n, j, B)
-        if c == 0:
-            return drafts, None
-        q = point_mass(drafts, self.vocab_size)
-        q[:, :c] = self.carried_probs[:, :c]
+        if self.carried is not None:
+            index = offsets.clamp(max=self.carried.shape[1] - 1)[None].expand(B, k)
+            from_carry = self.carried.gather(1, index)
+        scratch = tokens.clone()  # committed tokens, then this window's drafts as they are placed
+        last = tokens.shape[1] - 1
+        for j in range(k):
+            pos = n + j
+            if self.init == "random":
+                token = fresh[:, j]
+            else:
+                src = torch.where(pos >= self.grid_width, pos - self.grid_width, pos - 1) \
+                    if self.init == "repeat_above" else pos - 1
+                token = scratch.gather(1, src.clamp(max=last)[:, None])[:, 0]
+            if self.carried is not None:
+                token = torch.where(carried[:, j], from_carry[:, j], token)
+            drafts[:, j] = token
+            scratch.scatter_(1, pos.clamp(max=last)[:, None], token[:, None])
+        q = None
+        if self.carried is not None and bool(carried.any()):
+            index = offsets.clamp(max=self.carried.shape[1] - 1)[None, :, None].expand(B, k, self.vocab_size)
+            q = torch.where(carried[..., None], self.carried_probs.gather(1, index), point_mass(drafts, self.vocab_size))
+        self.proposed = (drafts, q)
         return drafts, q
 
-    def _init_token(self, tokens, drafts, n, j, B):
-        pos = n + j
+    def observe(self, n, committed, target_probs, generator=None):
+        # target_probs[:, j] is the target's distribution at position n + j; keep, per row, the
+        # ones past its committed prefix, with a fresh (or coupled) sample from each (the Jacobi update)
+        B, K1, V = target_probs.shape
+        committed = per_row(committed, B, target_probs.device)
+        if self.sampling.greedy:
+            new = target_probs.argmax(-1)
+        else:
+            new = sample(target_probs, generator)
+            if self.coupling and self.proposed is not None and K1 > 1:
+                drafts, q = self.proposed
+                new[:, :K1 - 1] = coupled_redraft(drafts, q, target_probs[:, :K1 - 1], generator)
+        index = (committed[:, None] + torch.arange(K1, device=new.device)).clamp(max=K1 - 1)
+        self.carried = new.gather(1, index)
+        self.carried_probs = target_probs.gather(1, index[..., None].expand(B, K1, V))
+        self.count = (K1 - committed).clamp(min=0).cpu()
+        self.proposed = None
 
-        def token_at(p):  # committed token, or a draft already placed in this window
-            return tokens[:, p] if p < n else drafts[:, p - n]
+    def select(self, rows):
+        self.count = self.count[rows.cpu()]
+        if self.carried is not None:
+            self.carried, self.carried_probs = self.carried[rows], self.carried_probs[rows]
 
-        if self.init == "repeat_above" and pos >= self.grid_width:
-            return token_at(pos - self.grid_width)
-        if self.init in ("repeat_left", "repeat_above") and pos >= 1:
-            return token_at(pos - 1)
-        lo, hi = self.init_vocab
-        u = uniform((B,), self.generator, device=tokens.device)
-        return (lo + (u * (hi - lo)).long().clamp(max=hi - lo - 1)).to(tokens.dtype)
-
-    def observe(self, n, committed, target_probs):
-        # target_probs[:, j] is the target's distribution at position n + j; keep the ones past
-        # the committed prefix, with a fresh sample from each (the Jacobi update).
-        rest = target_probs[:, committed:]
-        if rest.shape[1] == 0:
-            self.carried = self.carried_probs = None
-            return
-        self.carried_probs = rest
-        self.carried = rest.argmax(-1) if self.sampling.greedy else sample(rest, self.generator)
+    def reset(self, rows, requests):
+        self.count[rows.cpu()] = 0
 
 
 class DraftModelDrafter(Drafter):
@@ -123,7 +193,9 @@ class DraftModelDrafter(Drafter):
 
     The draft model runs autoregressively for k tokens with its own KV cache, sampling each draft
     from q = ``sampling.probs(draft logits)``: the same guidance, temperature, top-k and top-p as
-    the target. After verification its cache is cropped back to the accepted prefix.
+    the target. After verification its cache is cropped back to each row's accepted prefix.
+    ``prefix`` is the draft model's prefix for the rows, or (with continuous batching) a function of
+    the request indices, as :class:`visualspec.engine.Requests` takes it.
 
     ``stop_below`` ends a draft early (as transformers' ``assistant_confidence_threshold`` does):
     once every row's latest draft has probability below it under the draft model (softmax of its
@@ -147,36 +219,55 @@ class DraftModelDrafter(Drafter):
     def forwards(self):
         return self._forwards
 
-    def start(self, batch_size, num_tokens, sampling, generator):
-        self.sampling, self.generator = sampling, generator
-        self.model.prefill(self.prefix, num_tokens)
+    def _prefix_of(self, requests):
+        return self.prefix(requests) if callable(self.prefix) else self.prefix
+
+    def start(self, batch_size, num_tokens, sampling):
+        self.sampling = sampling
+        self.model.prefill(self._prefix_of(list(range(batch_size))), num_tokens)
         self._forwards = 1
-        self.consumed = 0  # generated positions [0, consumed) are in the draft cache
+        self.consumed = None  # (B,) generated positions [0, consumed) of each row are in the draft cache
+        self.batch_size = batch_size
+
+    def _rows(self, x):
+        """Per-row values -> the draft model's rows (twice under guidance)."""
+        return torch.cat([x, x]) if self.sampling.uses_guidance else x
 
     def _forward(self, window, start):
-        if self.sampling.uses_guidance:
-            window = torch.cat([window, window])
         self._forwards += 1
-        return self.model.forward_window(window, start)[:, -1]
+        return self.model.forward_window(self._rows(window), self._rows(start))
 
-    def propose(self, tokens, n, k):
+    def _catch_up(self, tokens, n):
+        """Feed each row's committed tokens the draft cache lacks (at least x_{n-1}); return the
+        draft logits at position n (B or 2B rows, V)."""
+        if self.consumed is None:
+            self.consumed = torch.zeros_like(n)
+        need = n - self.consumed  # >= 1
+        index = (self.consumed[:, None] + torch.arange(int(need.max()), device=n.device)).clamp(max=tokens.shape[1] - 1)
+        logits = self._forward(tokens.gather(1, index), self.consumed)  # left-aligned; fillers after n-1
+        last = self._rows(need - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
+        self.model.crop(self._rows(n))  # forget the fillers
+        self.consumed = n
+        return logits.gather(1, last)[:, 0]
+
+    def propose(self, tokens, n, k, generator=None):
         B = tokens.shape[0]
+        n = per_row(n, B, tokens.device)
         drafts = tokens.new_empty(B, k)
         if k == 0:
             return drafts, None
         probs = []
-        # catch up on committed tokens the draft model has not seen (at least x_{n-1})
-        logits = self._forward(tokens[:, self.consumed:n], self.consumed)
+        logits = self._catch_up(tokens, n)
         for j in range(k):
             q = self._draft_probs(logits)
-            drafts[:, j] = q.argmax(-1) if self.sampling.greedy else sample(q, self.generator)
+            drafts[:, j] = q.argmax(-1) if self.sampling.greedy else sample(q, generator)
             probs.append(q)
             if j + 1 == k:
                 break
             if self.stop_below is not None and self._unsure(logits, drafts[:, j]):
                 k = j + 1
                 break
-            logits = self._forward(drafts[:, j:j + 1], n + j)
+            logits = self._forward(drafts[:, j:j + 1], n + j)[:, 0]
         self.consumed = n + k - 1
         return drafts[:, :k], torch.stack(probs, 1)
 
@@ -197,12 +288,33 @@ class DraftModelDrafter(Drafter):
         """The k most likely draft tokens (B, k), best first (greedy tree drafting)."""
         return logits.topk(k, -1).indices
 
-    def observe(self, n, committed, target_probs):
+    def observe(self, n, committed, target_probs, generator=None):
         # drafts at positions n..n+committed-2 were accepted; the last committed token may differ
-        self.consumed = min(self.consumed, n + committed - 1)
-        self.model.crop(self.consumed)
+        if self.consumed is None:
+            return
+        B = self.consumed.shape[0]
+        n, committed = per_row(n, B, self.consumed.device), per_row(committed, B, self.consumed.device)
+        self.consumed = torch.minimum(self.consumed, n + committed - 1)
+        self.model.crop(self._rows(self.consumed))
 
-    def propose_tree(self, tokens, n, branches: int, depth: int):
+    def select(self, rows):
+        half = self.batch_size if self.sampling.uses_guidance else None
+        self.model.select(torch.cat([rows, rows + half]) if half else rows)
+        self.batch_size = len(rows)
+        if self.consumed is not None:
+            self.consumed = self.consumed[rows]
+
+    def reset(self, rows, requests):
+        if not callable(self.prefix):
+            raise ValueError("continuous batching with a draft model needs its prefix as a function of the "
+                             "request indices")
+        self.model.refill(torch.cat([rows, rows + self.batch_size]) if self.sampling.uses_guidance else rows,
+                          self.prefix(requests))
+        self._forwards += 1
+        if self.consumed is not None:
+            self.consumed[rows] = 0
+
+    def propose_tree(self, tokens, n, branches: int, depth: int, generator=None):
         """``branches`` chains of ``depth`` tokens for tree verification
         (:func:`visualspec.engine.decode_tree`): the first tokens are drawn from the draft's q by
         ``self.tree_scheme`` ("without_replacement", Gumbel-top-k, or "iid"; the top tokens at
@@ -211,26 +323,26 @@ class DraftModelDrafter(Drafter):
         from .multidraft import DraftTree, gumbel_top_k, iid_drafts
 
         B = tokens.shape[0]
-        logits = self._forward(tokens[:, self.consumed:n], self.consumed)  # the cache now holds positions < n
-        self.consumed = n
+        n = per_row(n, B, tokens.device)
+        logits = self._catch_up(tokens, n)  # the cache now holds each row's positions < n
         if self.sampling.greedy:
             first, first_q, scheme = self._top_tokens(logits, branches), None, "greedy"
         else:
             first_q, scheme = self._draft_probs(logits), self.tree_scheme
-            first = gumbel_top_k(first_q.log(), branches, self.generator) if scheme == "without_replacement" \
-                else iid_drafts(first_q, branches, self.generator)
-        chain, chain_q = [first.reshape(-1)], []
+            first = gumbel_top_k(first_q.log(), branches, generator) if scheme == "without_replacement" \
+                else iid_drafts(first_q, branches, generator)
+        chain, chain_q = [first], []  # (B, branches) each
         if depth > 1:
             saved = self.model.branch(branches)
+            positions = n.repeat_interleave(branches)
             for d in range(1, depth):
-                logits = self._forward(chain[-1][:, None], n + d - 1)
-                q = self._draft_probs(logits)
-                chain.append(q.argmax(-1) if self.sampling.greedy else sample(q, self.generator))
+                logits = self._forward(chain[-1].reshape(-1, 1), positions + d - 1)[:, 0]
+                q = self._draft_probs(logits).view(B, branches, -1)
+                chain.append(q.argmax(-1) if self.sampling.greedy else sample(q, generator))
                 chain_q.append(q)
             self.model.unbranch(saved)
-        tokens_tree = torch.stack(chain, 1).view(B, branches, depth)
-        q_tree = None if self.sampling.greedy or depth == 1 else \
-            torch.stack(chain_q, 1).view(B, branches, depth - 1, -1)
+        tokens_tree = torch.stack(chain, -1)  # (B, branches, depth)
+        q_tree = None if self.sampling.greedy or depth == 1 else torch.stack(chain_q, 2)
         return DraftTree(tokens_tree, first_q, q_tree, scheme)
 
 
@@ -251,17 +363,21 @@ class NGramDrafter(Drafter):
         self.prompts = [list(map(int, p)) for p in prompts]
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def start(self, batch_size, num_tokens, sampling, generator):
+    def start(self, batch_size, num_tokens, sampling):
         if len(self.prompts) != batch_size:
             raise ValueError(f"NGramDrafter has {len(self.prompts)} prompts for a batch of {batch_size}")
+        self.rows = list(range(batch_size))
 
-    def propose(self, tokens, n, k):
+    def propose(self, tokens, n, k, generator=None):
         B = tokens.shape[0]
         drafts = tokens.new_empty(B, k)
-        generated = tokens[:, :n].tolist()
-        for b in range(B):
-            drafts[b] = torch.tensor(self.lookup(self.prompts[b] + generated[b], k), dtype=tokens.dtype)
+        for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, B).tolist())):
+            context = self.prompts[self.rows[b]] + row[:length]
+            drafts[b] = torch.tensor(self.lookup(context, k), dtype=tokens.dtype)
         return drafts, None
+
+    def select(self, rows):
+        self.rows = [self.rows[i] for i in rows.tolist()]
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of the context's last n-gram."""
@@ -352,8 +468,8 @@ class VocabTrimDrafter(DraftModelDrafter):
         if self.trimmed_head and not torch.equal(torch.as_tensor(rows).cpu().long(), self.keep):
             raise ValueError("the draft model's head rows differ from the kept token ids (pass sorted, unique ids)")
 
-    def start(self, batch_size, num_tokens, sampling, generator):
-        super().start(batch_size, num_tokens, sampling, generator)
+    def start(self, batch_size, num_tokens, sampling):
+        super().start(batch_size, num_tokens, sampling)
         self._unguided = dataclasses.replace(sampling, guidance_scale=1.0)
 
     def _top_tokens(self, logits, k):
@@ -417,16 +533,23 @@ class StandDrafter(Drafter):
 
     # -- the memory -----------------------------------------------------------------------------
 
-    def start(self, batch_size, num_tokens, sampling, generator):
+    def start(self, batch_size, num_tokens, sampling):
         if len(self.prompts) != batch_size:
             raise ValueError(f"StandDrafter has {len(self.prompts)} prompts for a batch of {batch_size}")
-        self.sampling, self.generator = sampling, generator
+        self.sampling = sampling
+        self.rows = list(range(batch_size))  # the prompt of each row
         self.tables = [OrderedDict() for _ in self.prompts]
-        self.learned = 0  # generated positions [0, learned) are in the tables
-        self.pending = {}  # position -> (ids per row, probabilities per row), from observe
+        self.learned = [0] * batch_size  # generated positions [0, learned[b]) of row b are in its table
+        self.pending = [{} for _ in self.prompts]  # per row: position -> (ids, probabilities), from observe
         for table, p in zip(self.tables, self.prompts):
             for t in range(1, len(p)):
                 self._learn(table, p[max(0, t - self.max_ngram):t], [(p[t], 1.0)])
+
+    def select(self, rows):
+        rows = rows.tolist()
+        for name in ("rows", "tables", "learned", "pending"):
+            values = getattr(self, name)
+            setattr(self, name, [values[i] for i in rows])
 
     def _learn(self, table: OrderedDict, context: list, items: list) -> None:
         """Add weights ``items`` [(token, weight)] after every suffix of ``context``."""
@@ -451,38 +574,35 @@ class StandDrafter(Drafter):
                 return entry
         return None
 
-    def observe(self, n, committed, target_probs):
+    def observe(self, n, committed, target_probs, generator=None):
         # positions n..n+committed-1 follow committed tokens only; store their top_m, learned at
         # the next propose (which sees the committed tokens)
-        vals, ids = target_probs[:, :committed].topk(min(self.top_m, target_probs.shape[-1]), dim=-1)
+        vals, ids = target_probs.topk(min(self.top_m, target_probs.shape[-1]), dim=-1)
         vals, ids = vals.tolist(), ids.tolist()
-        for j in range(committed):
-            self.pending[n + j] = ([row[j] for row in ids], [row[j] for row in vals])
+        B = target_probs.shape[0]
+        for b, (start, count) in enumerate(zip(per_row(n, B).tolist(), per_row(committed, B).tolist())):
+            for j in range(count):
+                self.pending[b][start + j] = (ids[b][j], vals[b][j])
 
-    def _catch_up(self, tokens: torch.Tensor, n: int) -> None:
-        """Learn the generated positions [learned, n) from the committed ``tokens[:, :n]``."""
-        if n <= self.learned:
-            return
-        lo = max(0, self.learned - self.max_ngram)
-        rows = tokens[:, lo:n].tolist()
-        for b, table in enumerate(self.tables):
-            recent = (self.prompts[b][-self.max_ngram:] if lo == 0 else []) + rows[b]
-            offset = len(recent) - (n - lo)  # recent[offset + g - lo] is generated token g
-            for pos in range(self.learned, n):
-                at = offset + pos - lo
-                dist = self.pending.get(pos)
-                items = [(recent[at], 1.0)] if dist is None else [
-                    (t, w) for t, w in zip(dist[0][b], dist[1][b]) if w > 0]
-                self._learn(table, recent[max(0, at - self.max_ngram):at], items)
-        self.pending = {pos: d for pos, d in self.pending.items() if pos >= n}
-        self.learned = n
+    def _catch_up(self, tokens: torch.Tensor, n: torch.Tensor) -> None:
+        """Learn each row's generated positions [learned, n) from its committed tokens."""
+        for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, tokens.shape[0]).tolist())):
+            if length <= self.learned[b]:
+                continue
+            prompt, table, pending = self.prompts[self.rows[b]], self.tables[b], self.pending[b]
+            for pos in range(self.learned[b], length):
+                context = (prompt + row[:pos])[-self.max_ngram:] if pos < self.max_ngram else row[pos - self.max_ngram:pos]
+                dist = pending.pop(pos, None)
+                items = [(row[pos], 1.0)] if dist is None else [(t, w) for t, w in zip(*dist) if w > 0]
+                self._learn(table, context, items)
+            self.pending[b] = {pos: d for pos, d in pending.items() if pos >= length}
+            self.learned[b] = length
 
-    def _contexts(self, tokens: torch.Tensor, n: int) -> list:
-        """The last ``max_ngram`` tokens of prompt + ``tokens[:, :n]``, per row."""
+    def _contexts(self, tokens: torch.Tensor, n: torch.Tensor) -> list:
+        """The last ``max_ngram`` tokens of prompt + committed tokens, per row."""
         out = []
-        for b, gen in enumerate(tokens[:, max(0, n - self.max_ngram):n].tolist()):
-            need = self.max_ngram - len(gen)
-            out.append((self.prompts[b][-need:] if need > 0 else []) + gen)
+        for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, tokens.shape[0]).tolist())):
+            out.append((self.prompts[self.rows[b]] + row[:length])[-self.max_ngram:])
         return out
 
     # -- drafting -------------------------------------------------------------------------------
@@ -503,7 +623,7 @@ class StandDrafter(Drafter):
         q[rows, cols] = torch.tensor(vals, dtype=torch.float32, device=device)
         return q
 
-    def _chains(self, tables: list, contexts: list, shape: tuple, k: int, device):
+    def _chains(self, tables: list, contexts: list, shape: tuple, k: int, device, generator=None):
         """k tokens after each context (extended in place): tokens (*shape, k), q (*shape, k, V)."""
         if k == 0:
             return (torch.empty(*shape, 0, dtype=torch.long, device=device),
@@ -511,7 +631,7 @@ class StandDrafter(Drafter):
         drafts, probs = [], []
         for _ in range(k):
             q = self._dense(tables, contexts, device).view(*shape, self.vocab_size)
-            x = q.argmax(-1) if self.sampling.greedy else sample(q, self.generator)
+            x = q.argmax(-1) if self.sampling.greedy else sample(q, generator)
             drafts.append(x)
             probs.append(q)
             for ctx, t in zip(contexts, x.flatten().tolist()):
@@ -520,15 +640,15 @@ class StandDrafter(Drafter):
                     del ctx[0]
         return torch.stack(drafts, -1), torch.stack(probs, -2)
 
-    def propose(self, tokens, n, k):
+    def propose(self, tokens, n, k, generator=None):
         self._catch_up(tokens, n)
         B = tokens.shape[0]
         if k == 0:
             return tokens.new_empty(B, 0), None
-        drafts, q = self._chains(self.tables, self._contexts(tokens, n), (B,), k, tokens.device)
+        drafts, q = self._chains(self.tables, self._contexts(tokens, n), (B,), k, tokens.device, generator)
         return drafts.to(tokens.dtype), (None if self.sampling.greedy else q)
 
-    def propose_tree(self, tokens: torch.Tensor, n: int, branches: int, depth: int):
+    def propose_tree(self, tokens: torch.Tensor, n: torch.Tensor, branches: int, depth: int, generator=None):
         """A draft tree after ``tokens[:, :n]``: ``branches`` chains of ``depth`` tokens, returned as a
         :class:`visualspec.multidraft.DraftTree` for the tree decoder.
 
@@ -553,10 +673,10 @@ class StandDrafter(Drafter):
         if self.sampling.greedy:
             first = q0.topk(branches, dim=-1).indices
         else:
-            first = gumbel_top_k(q0.double().log(), branches, self.generator)
+            first = gumbel_top_k(q0.double().log(), branches, generator)
         branch_ctx = [(ctx + [t])[-self.max_ngram:] for ctx, row in zip(contexts, first.tolist()) for t in row]
         tables = [table for table in self.tables for _ in range(branches)]
-        rest, chain_q = self._chains(tables, branch_ctx, (B, branches), depth - 1, device)
+        rest, chain_q = self._chains(tables, branch_ctx, (B, branches), depth - 1, device, generator)
         tree_tokens = torch.cat([first[..., None], rest.to(first.dtype)], -1).to(tokens.dtype)
         if self.sampling.greedy:
             return DraftTree(tree_tokens, None, None, "greedy")

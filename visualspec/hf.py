@@ -66,74 +66,95 @@ class HFCausalLM:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         self.prefix_mask = attention_mask.long()
-        self.padded = not bool(self.prefix_mask.all())  # unpadded: the model builds its causal mask itself
         self.prefix_len = input_ids.shape[1]
         positions = (self.prefix_mask.cumsum(-1) - 1).clamp(min=0)
         self.first_position = positions[:, -1:] + 1  # position id of generated token 0, per row
+        # cache columns: the prefix, then every fed token; per row, the generated position each
+        # column holds (-1 for the prefix) and whether the row may attend to it
+        self.column_position = torch.full_like(self.prefix_mask, -1)
+        self.column_valid = self.prefix_mask.bool()
         self.cache = DynamicCache(config=self.model.config)
         logits = self._logits(last_only=True, input_ids=input_ids, attention_mask=self.prefix_mask,
                               position_ids=positions, past_key_values=self.cache, use_cache=True)
         return logits[:, -1].float()
 
-    def forward_window(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        B, L = tokens.shape
-        mask = torch.cat([self.prefix_mask, self.prefix_mask.new_ones(B, start + L)], dim=1) if self.padded else None
-        positions = self.first_position + start + torch.arange(L, device=tokens.device)
-        return self._logits(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                            past_key_values=self.cache, use_cache=True).float()
+    def _append(self, positions: torch.Tensor) -> None:
+        """Record the columns of tokens just fed at generated positions ``positions`` (B, L)."""
+        self.column_position = torch.cat([self.column_position, positions], 1)
+        self.column_valid = torch.cat([self.column_valid, torch.ones_like(positions, dtype=torch.bool)], 1)
 
-    def crop(self, length: int) -> None:
-        # a negative argument removes that many tokens, in old and new transformers alike
-        remove = self.cache.get_seq_length() - (self.prefix_len + length)
-        if remove > 0:
+    def forward_window(self, tokens: torch.Tensor, start) -> torch.Tensor:
+        """Tokens (B, L), row b at generated positions start[b].. (an int or (B,) tensor). The
+        window attends to each row's valid columns and causally to itself."""
+        B, L = tokens.shape
+        start = torch.as_tensor(start, device=tokens.device).expand(B)
+        positions = start[:, None] + torch.arange(L, device=tokens.device)
+        mask = None
+        if not bool(self.column_valid.all()):  # ragged rows or a padded prefix: say which columns count
+            mask = torch.cat([self.column_valid, self.column_valid.new_ones(B, L)], 1).long()
+        logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
+                              past_key_values=self.cache, use_cache=True).float()
+        self._append(positions)
+        return logits
+
+    def crop(self, lengths) -> None:
+        """Keep each row's generated positions < lengths[b]; drop trailing columns no row uses."""
+        lengths = torch.as_tensor(lengths, device=self.column_position.device).expand(self.column_valid.shape[0])
+        self.column_valid &= self.column_position < lengths[:, None]
+        used = self.column_valid.any(0).nonzero()
+        keep = max(self.prefix_len, int(used.max()) + 1 if len(used) else 0)
+        remove = self.column_valid.shape[1] - keep
+        if remove > 0:  # a negative argument removes that many tokens, in old and new transformers alike
             self.cache.crop(-remove)
+            self.column_position = self.column_position[:, :keep]
+            self.column_valid = self.column_valid[:, :keep]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (in that order) and drop the others."""
+        self.cache.batch_select_indices(rows)
+        for name in ("prefix_mask", "first_position", "column_position", "column_valid"):
+            setattr(self, name, getattr(self, name)[rows])
 
     # ------------------------------------------------------------------ trees and branches
 
     def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
-                     start: int) -> torch.Tensor:
+                     start) -> torch.Tensor:
         """Tree attention (see :class:`visualspec.engine.TreeTokenModel`): one forward over the
-        flattened tree with a 4-D mask, node i at position ``start + depths[i]``."""
+        flattened tree with a 4-D mask, node i of row b at position ``start[b] + depths[i]``."""
         B, N = tokens.shape
-        past = self.cache.get_seq_length()
-        allowed = torch.cat([self.prefix_mask.bool(), self.prefix_mask.new_ones(B, past - self.prefix_len).bool()], 1)
-        allowed = torch.cat([allowed[:, None, :].expand(B, N, past), ancestors[None].expand(B, N, N)], dim=2)
+        start = torch.as_tensor(start, device=tokens.device).expand(B)
+        past = self.column_valid.shape[1]
+        allowed = torch.cat([self.column_valid[:, None, :].expand(B, N, past), ancestors[None].expand(B, N, N)], dim=2)
         dtype = self.model.get_output_embeddings().weight.dtype
         mask = torch.zeros(B, 1, N, past + N, dtype=dtype, device=tokens.device)
         mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-        positions = self.first_position + start + depths[None].to(tokens.device)
-        return self._logits(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                            past_key_values=self.cache, use_cache=True).float()
+        positions = start[:, None] + depths[None].to(tokens.device)
+        logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
+                              past_key_values=self.cache, use_cache=True).float()
+        self._append(positions)
+        self.tree_nodes = N
+        return logits
 
-    def _layers(self):
-        """(keys, values, setter) of every cache layer, across transformers versions."""
-        if hasattr(self.cache, "layers"):
-            for layer in self.cache.layers:
-                yield layer.keys, layer.values, lambda k, v, layer=layer: (setattr(layer, "keys", k),
-                                                                           setattr(layer, "values", v))
-        else:  # transformers < 4.56
-            for i in range(len(self.cache.key_cache)):
-                def put(k, v, i=i):
-                    self.cache.key_cache[i], self.cache.value_cache[i] = k, v
-                yield self.cache.key_cache[i], self.cache.value_cache[i], put
-
-    def keep(self, start: int, nodes: torch.Tensor) -> None:
-        """Keep the cache before ``start`` and, per row, the tree nodes ``nodes`` (B, m) in order."""
-        base = self.prefix_len + start
-        for keys, values, put in self._layers():
-            index = nodes[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1]).to(keys.device)
-            put(torch.cat([keys[:, :, :base], keys[:, :, base:].gather(2, index)], dim=2),
-                torch.cat([values[:, :, :base], values[:, :, base:].gather(2, index)], dim=2))
+    def keep(self, nodes: torch.Tensor, counts: torch.Tensor) -> None:
+        """Of the last tree's nodes, keep ``nodes[b, :counts[b]]`` of each row b; drop the others."""
+        kept = torch.arange(nodes.shape[1], device=nodes.device)[None] < counts[:, None]
+        valid = torch.zeros(nodes.shape[0], self.tree_nodes, dtype=torch.bool, device=nodes.device)
+        valid.scatter_(1, nodes, kept)
+        self.column_valid[:, -self.tree_nodes:] = valid
+        self.crop(torch.full_like(counts, torch.iinfo(torch.long).max))
 
     def branch(self, k: int):
         """Repeat every row k times (rows b*k .. b*k+k-1 continue row b) and return what
         :meth:`unbranch` needs to restore the unbranched state; used to draft k chains at once."""
-        saved = (self.cache, self.prefix_mask, self.first_position)
+        names = ("prefix_mask", "first_position", "column_position", "column_valid")
+        saved = (self.cache, {name: getattr(self, name) for name in names})
         self.cache = copy.deepcopy(self.cache)
         self.cache.batch_repeat_interleave(k)
-        self.prefix_mask = self.prefix_mask.repeat_interleave(k, 0)
-        self.first_position = self.first_position.repeat_interleave(k, 0)
+        for name in names:
+            setattr(self, name, getattr(self, name).repeat_interleave(k, 0))
         return saved
 
     def unbranch(self, saved) -> None:
-        self.cache, self.prefix_mask, self.first_position = saved
+        self.cache, values = saved
+        for name, value in values.items():
+            setattr(self, name, value)

@@ -39,7 +39,7 @@ from typing import Callable, Union
 import torch
 
 from .sampling import Generator, sample, uniform
-from .verify import _first_rejection, _residual
+from .verify import _first_rejection, residual
 
 PROB_ATOL = 1e-4  # how far a row of probabilities may sum from 1
 MAX_DRAFT_TUPLES = 4096  # enumeration limit of the exact acceptance computations and the linear program
@@ -219,7 +219,7 @@ def _spectr_stages(candidates, q, p):
     m = torch.minimum(q, p / rho)  # m(x) = P(draw x and accept it) at one step
     beta = m.sum(-1, keepdim=True)
     c = sum((1 - beta) ** i for i in range(k))  # (1 - (1 - β)^k) / β, stable at β -> 0
-    return accept, _residual(p, c * m)
+    return accept, residual(p, c * m)
 
 
 def _recursive_stages(candidates, q, p, without_replacement: bool):
@@ -229,7 +229,7 @@ def _recursive_stages(candidates, q, p, without_replacement: bool):
     for i in range(k):
         x = candidates[:, i:i + 1]
         accept[:, i] = _ratio(p_i.gather(1, x), q_i.gather(1, x))[:, 0]
-        p_i = _residual(p_i, q_i)
+        p_i = residual(p_i, q_i)
         if without_replacement:
             remaining = remaining.scatter(1, x, 0.0)
             mass = remaining.sum(-1, keepdim=True)

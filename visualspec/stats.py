@@ -13,12 +13,15 @@ import torch
 class DecodeStats:
     """What one decode cost and how much speculation paid off.
 
-    - ``target_forwards``: forward passes of the target model, the prefill included. Plain AR
-      needs exactly ``num_tokens`` of them.
-    - ``accepted_lengths``: tokens committed by each decode step after the prefill (accepted
-      drafts plus the one token the target emits), i.e. Spec-Bench's tau per step.
-    - ``fixed_at``: for every generated position, the target forward (1-based; the prefill is 1)
-      at which its token was fixed. For an image this is the acceptance map.
+    - ``batch_size``: sequences generated; ``slots``: how many of them decoded at once.
+    - ``target_forwards``: batched forward passes of the target model, prefills included.
+    - ``row_forwards`` (batch_size,): the target forwards each sequence took part in, its prefill
+      included. Plain AR needs exactly ``num_tokens`` per sequence.
+    - ``accepted_lengths``: tokens committed by each row in each decode step after its prefill
+      (accepted drafts plus the one token the target emits), i.e. Spec-Bench's tau per row-step.
+    - ``fixed_at`` (batch_size, num_tokens): for every generated position of every sequence, that
+      sequence's target forward (1-based; its prefill is 1) at which the token was fixed. For an
+      image this is the acceptance map.
     """
 
     mode: str
@@ -29,27 +32,39 @@ class DecodeStats:
     wall_time_s: float = 0.0
     accepted_lengths: list[int] = field(default_factory=list)
     fixed_at: torch.Tensor | None = None
+    row_forwards: torch.Tensor | None = None
+    slots: int | None = None
 
     @property
     def steps(self) -> int:
+        """Row-steps: decode steps summed over rows."""
         return len(self.accepted_lengths)
 
     @property
     def mean_accepted(self) -> float:
-        """Mean tokens committed per decode step (1.0 for AR)."""
+        """Mean tokens committed per row per decode step (1.0 for AR)."""
         return float(np.mean(self.accepted_lengths)) if self.accepted_lengths else 1.0
 
     @property
+    def forwards_per_sequence(self) -> float:
+        """Mean target forwards a sequence took part in (``num_tokens`` for AR)."""
+        if self.row_forwards is None:
+            return float(self.target_forwards)
+        return float(self.row_forwards.double().mean())
+
+    @property
     def tokens_per_forward(self) -> float:
-        return self.num_tokens / max(self.target_forwards, 1)
+        """Tokens per target forward of one sequence (1.0 for AR)."""
+        return self.num_tokens / max(self.forwards_per_sequence, 1.0)
 
     @property
     def accepted_histogram(self) -> dict[int, int]:
         return dict(sorted(Counter(self.accepted_lengths).items()))
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("fixed_at", "accepted_lengths")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("fixed_at", "accepted_lengths", "row_forwards")}
         d.update(
+            forwards_per_sequence=round(self.forwards_per_sequence, 3),
             steps=self.steps,
             mean_accepted=round(self.mean_accepted, 4),
             tokens_per_forward=round(self.tokens_per_forward, 4),
@@ -60,18 +75,22 @@ class DecodeStats:
     def summary(self) -> str:
         hist = " ".join(f"{k}:{v}" for k, v in self.accepted_histogram.items())
         return (
-            f"{self.mode}: {self.num_tokens} tokens x {self.batch_size} in {self.target_forwards} target forwards "
-            f"({self.tokens_per_forward:.2f} tokens/forward, mean accepted {self.mean_accepted:.2f}), "
+            f"{self.mode}: {self.num_tokens} tokens x {self.batch_size} in {self.target_forwards} target forwards, "
+            f"{self.forwards_per_sequence:.1f} per sequence ({self.tokens_per_forward:.2f} tokens/forward, "
+            f"mean accepted {self.mean_accepted:.2f}), "
             f"{self.wall_time_s:.2f} s; accepted-length histogram {hist or '-'}"
         )
 
-    def acceptance_map(self, height: int, width: int) -> np.ndarray:
-        """The forward index at which each token was fixed, as an (height, width) int array."""
-        if self.fixed_at is None or self.fixed_at.numel() != height * width:
+    def acceptance_map(self, height: int, width: int, index: int = 0) -> np.ndarray:
+        """The forward index at which each token of sequence ``index`` was fixed, as an
+        (height, width) int array."""
+        if self.fixed_at is None or self.num_tokens != height * width:
             raise ValueError(f"acceptance map needs {height}x{width} tokens, got {self.num_tokens}")
-        return self.fixed_at.view(height, width).cpu().numpy()
+        if not 0 <= index < self.fixed_at.shape[0]:
+            raise ValueError(f"no sequence {index} in a batch of {self.fixed_at.shape[0]}")
+        return self.fixed_at[index].view(height, width).cpu().numpy()
 
-    def acceptance_map_image(self, height: int, width: int, scale: int = 8):
+    def acceptance_map_image(self, height: int, width: int, scale: int = 8, index: int = 0):
         """Render the acceptance map as a PIL image: dark = fixed early, bright = fixed late.
 
         Tokens fixed in the same forward as their left neighbour were accepted drafts, so long runs
@@ -79,7 +98,7 @@ class DecodeStats:
         """
         from PIL import Image
 
-        m = self.acceptance_map(height, width).astype(np.float64)
+        m = self.acceptance_map(height, width, index).astype(np.float64)
         m = (m - m.min()) / max(m.max() - m.min(), 1.0)
         # a simple perceptual ramp: dark blue -> teal -> yellow
         stops = np.array([[20, 20, 80], [30, 150, 140], [250, 230, 60]], dtype=np.float64)

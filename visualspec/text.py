@@ -31,12 +31,12 @@ import torch
 
 from .drafters import (DraftModelDrafter, JacobiDrafter, NGramDrafter, StandDrafter, VocabTrimDrafter,
                        frequent_tokens, kept_token_ids)
-from .engine import decode, decode_tree
+from .engine import decode, decode_tree, default_rule
 from .hf import HFCausalLM
 from .multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
 from .sampling import SamplingConfig, check_sampling_args, make_generator
 from .stats import DecodeStats
-from .verify import greedy_verify, speculative_verify, typical_verify
+from .verify import typical_verify
 
 DRAFTERS = ("ngram", "jacobi", "stand")
 ACCEPTANCE = ("exact", "typical")
@@ -198,7 +198,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
     else:
-        rule = greedy_verify if sampling.greedy else speculative_verify
+        rule = default_rule(sampling)
     if drafts is None:
         mode = "ar"
     else:

@@ -118,11 +118,13 @@ class ShapesTrainingConfig:
     # fresh Jacobi drafts repeat the token one row above: on a flat background they are mostly
     # right, so SJD and LANTERN need about a quarter fewer forwards than with random drafts
     jacobi_init: str = "repeat_above"
+    # GSD's group half-width in the target's ranking (docs/experiments/2026-11-25-gsd-group-size.md)
+    gsd_group_size: int = 1
 
 
 # fields that do not change the trained weights (a work folder may be resumed with other values)
 NON_TRAINING_FIELDS = ("guidance_scale", "top_k", "epsilon_cutoff", "lantern_k", "lantern_delta", "jacobi_init",
-                       "checkpoint_seconds", "compile")
+                       "gsd_group_size", "checkpoint_seconds", "compile")
 
 
 # ------------------------------------------------------------------------------------ data
@@ -546,7 +548,7 @@ def train_shapes(out: str, work_dir: str, cfg: ShapesTrainingConfig | None = Non
                             default_guidance_scale=cfg.guidance_scale, default_top_k=cfg.top_k,
                             default_epsilon_cutoff=cfg.epsilon_cutoff,
                             default_lantern_k=cfg.lantern_k, default_lantern_delta=cfg.lantern_delta,
-                            default_jacobi_init=cfg.jacobi_init)
+                            default_jacobi_init=cfg.jacobi_init, default_gsd_group_size=cfg.gsd_group_size)
     pipe.save_pretrained(out)
     (Path(out) / "training.json").write_text(json.dumps(
         {"config": asdict(cfg), "command": "visualspec train-shapes", "seconds_this_run": round(time.time() - t0)},

@@ -66,12 +66,13 @@ def _emit(num_accepted, stop_dist, target_probs, generator) -> Verdict:
     return Verdict(num_accepted, sample(dist, generator))
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(p - q, 0)); falls back to p where the residual has no mass (then p == q, and a
     rejection had probability zero)."""
     r = (p - q).clamp_(min=0)
     mass = r.sum(-1, keepdim=True)
     return torch.where(mass > 0, r / mass.clamp(min=1e-30), p)
+
 
 
 def speculative_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None) -> Verdict:
@@ -113,7 +114,7 @@ def _verify_against(draft_tokens, draft_probs, target_probs, generator, target_m
     stop = a.clamp(max=K - 1)
     x_stop = _row_at(draft_tokens, stop)
     q_stop = point_mass(x_stop, target_probs.shape[-1]) if draft_probs is None else _row_at(draft_probs, stop)
-    return _emit(a, _residual(stop_target(stop, x_stop), q_stop), target_probs, generator)
+    return _emit(a, residual(stop_target(stop, x_stop), q_stop), target_probs, generator)
 
 
 def greedy_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None) -> Verdict:
@@ -211,3 +212,84 @@ def lantern_verify(draft_tokens, draft_probs, target_probs, generator: Generator
     return _verify_against(
         draft_tokens, draft_probs, target_probs, generator, p_tilde,
         lambda stop, x_stop: relaxed_distribution(_row_at(p, stop), x_stop, neighbours, _row_at(absorbed, stop)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Grouped speculative decoding (GSD)
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_gsd_args(group_size, embeddings, max_distance, vocab_size: int) -> None:
+    """Raise a ValueError naming the first bad GSD argument."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 0:
+        raise ValueError(f"group_size must be an integer >= 0 (0 is exact speculative sampling), got {group_size!r}")
+    if max_distance is not None and not max_distance >= 0:  # also rejects NaN
+        raise ValueError(f"max_distance must be >= 0 or None (no distance filter), got {max_distance!r}")
+    if max_distance is not None and embeddings is None:
+        raise ValueError("max_distance needs embeddings (V, D) to measure distances in")
+    if embeddings is not None and (embeddings.dim() != 2 or embeddings.shape[0] != vocab_size):
+        raise ValueError(f"embeddings must have shape (V, D) with V = {vocab_size}, got {tuple(embeddings.shape)}")
+
+
+def gsd_group(p, tokens, group_size: int, embeddings=None, max_distance: float | None = None):
+    """GSD's group G of each draft token: a bool mask (..., V).
+
+    ``p`` (..., V), ``tokens`` (...). Rank the vocabulary by descending p (a stable sort: equal
+    probabilities keep token order). G holds the tokens ranked ``rank(x) - group_size ..
+    rank(x) + group_size`` (clamped to 0..V-1), and when ``max_distance`` is given only those with
+    ``|e_y - e_x|² <= max_distance`` (``e = embeddings``, e.g. the VQ codebook); x is always in G.
+    ``group_size = 0`` gives G = {x}.
+    """
+    V = p.shape[-1]
+    _check_gsd_args(group_size, embeddings, max_distance, V)
+    order = torch.sort(p, dim=-1, descending=True, stable=True).indices  # rank -> token
+    rank_x = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=p.device).expand_as(order))
+    rank_x = rank_x.gather(-1, tokens.unsqueeze(-1))  # (..., 1)
+    window = rank_x + torch.arange(-group_size, group_size + 1, device=p.device)  # (..., 2r+1)
+    keep = (window >= 0) & (window < V)
+    members = order.gather(-1, window.clamp(0, V - 1))
+    if max_distance is not None:
+        diff = embeddings[members] - embeddings[tokens].unsqueeze(-2)
+        keep &= (diff * diff).sum(-1) <= max_distance
+    # clamped ranks repeat an end token with keep=False: count votes instead of overwriting
+    votes = torch.zeros(p.shape, dtype=torch.long, device=p.device).scatter_add_(-1, members, keep.long())
+    return (votes > 0).scatter(-1, tokens.unsqueeze(-1), True)
+
+
+def gsd_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,
+               group_size: int, embeddings=None, max_distance: float | None = None) -> Verdict:
+    """Grouped speculative decoding (So et al., ICCV 2025). Lossy.
+
+    With G_i = :func:`gsd_group` of draft x_i under p_i, accept x_i with probability
+    ``min(1, p_i(G_i) / q_i(G_i))`` (q_i(G_i) = 1 for a point-mass draft, so then ``p_i(G_i)``);
+    at the first rejection sample from the ordinary residual ``norm(max(p_i - q_i, 0))`` and stop;
+    after K acceptances a bonus token from p_K. ``group_size = 0`` is :func:`speculative_verify`.
+    The published rule's window is 7 ranks on one side and 6 on the other; here it is symmetric.
+
+    Bound, point-mass draft x (one step): P(emit x) = p(G), and a rejection samples from
+    ``norm(max(p - δ_x, 0))``, which is p without x renormalised. So the emitted law is
+
+        p̃(x) = p(G),    p̃(y) = p(y) (1 - p(G)) / (1 - p(x))  for y != x
+
+    (p̃ = p when p(x) = 1): x gains ``p(G \\ {x})`` and every other token, inside G or not, loses
+    in proportion to p(y). Hence ``TV(p, p̃) = p(G \\ {x})`` exactly, at most 1 - p(x). Unlike
+    LANTERN's p̃ the mass is not taken from G's tokens only, and the bound depends on p (no budget:
+    G is set by ranks and distances, not by mass).
+
+    Stochastic drafts (q not a point mass): only the per-token relaxation above is described; the
+    step's law is measured, not bounded. Nor is the rule sure to accept more than exact speculative
+    sampling there: ``p(G) / q(G)`` can be below ``p(x) / q(x)`` when G's other tokens are likelier
+    under q than under p.
+    """
+    _check_gsd_args(group_size, embeddings, max_distance, target_probs.shape[-1])
+    if draft_tokens.shape[1] == 0:
+        return _autoregressive_step(target_probs, generator)
+    p = target_probs[:, :-1]
+    group = gsd_group(p, draft_tokens, group_size, embeddings, max_distance)
+    p_group = (p * group).sum(-1)
+    q_x = _draft_prob_of_token(draft_tokens, draft_probs)
+    q_group = q_x if draft_probs is None else (draft_probs * group).sum(-1)
+    # _verify_against accepts with min(1, mass / q(x)): scale p(G) by q(x) / q(G) (1 when G = {x})
+    scale = torch.where(q_group > 0, q_x.double() / q_group.double().clamp(min=1e-300), 0.0)
+    return _verify_against(draft_tokens, draft_probs, target_probs, generator, p_group.double() * scale,
+                           lambda stop, x_stop: _row_at(target_probs, stop))
