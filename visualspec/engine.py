@@ -217,9 +217,8 @@ class _Run:
         self.row_forwards = torch.empty(total, dtype=torch.long)
         self.stats = DecodeStats(mode=mode, batch_size=total, num_tokens=num_tokens, target_forwards=1,
                                  slots=rows_in_model)
-        self.rows.seq[:, 0] = _first_tokens(rule, sampling, logits, self.rows.generator)
-        self.rows.fixed[:, 0] = 1
-        self.rows.n[:] = 1
+        every = torch.arange(rows_in_model, device=device)
+        self.rows.start(every, every, _first_tokens(rule, sampling, logits, self.rows.generator))
         if drafter is not None:
             drafter.start(rows_in_model, num_tokens, sampling)
         self._report(torch.ones(rows_in_model, dtype=torch.long))
@@ -232,7 +231,7 @@ class _Run:
     def commit(self, candidates, accepted) -> torch.Tensor:
         """The shared commit step: tokens, acceptance map, statistics, cache, drafter."""
         counts = self.rows.commit(candidates, accepted)
-        self.stats.accepted_lengths.extend(counts.tolist())
+        self.stats.accepted_lengths.extend(counts[counts > 0].tolist())  # finished rows kept idle commit 0
         self._report(counts)
         return counts
 
@@ -255,10 +254,9 @@ class _Run:
             logits = self.target.refill(rows.model_rows(slots), self.requests.prefix(ids))
             self.stats.target_forwards += 1
             new = torch.tensor(ids, dtype=torch.long, device=rows.req.device)
-            rows.start(slots, new, torch.zeros_like(new))
-            gens = rows.generator
-            gens = [gens[i] for i in slots.tolist()] if isinstance(gens, list) else gens
-            rows.seq[slots, 0] = _first_tokens(self.rule, self.sampling, logits, gens)
+            gens = self.rows.all_generators
+            gens = [gens[i] for i in ids] if isinstance(gens, (list, tuple)) else gens
+            rows.start(slots, new, _first_tokens(self.rule, self.sampling, logits, gens))
             if self.drafter is not None:
                 self.drafter.reset(slots, ids)
             self._report(torch.ones(len(slots), dtype=torch.long))
@@ -271,8 +269,7 @@ class _Run:
                     if self.drafter is not None:
                         self.drafter.select(keep)
                     rows.select(keep)
-                    return
-                rows.n[done] = self.N  # a model that cannot drop rows keeps them, idle
+                # a model that cannot drop rows keeps them, idle: they commit nothing more
             else:
                 rows.select(keep)
 
