@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+WINDOWS = (1, 2, 4, 8, 16, 32)  # the candidates (docs/experiments/2026-11-25-window-search.md)
 CACHE_FILE = "window_costs.json"
 _clock = time.perf_counter  # one name, so tests can swap in a fake clock
 
