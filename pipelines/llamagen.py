@@ -134,8 +134,11 @@ class LlamaGenPipeline(VisualSpecPipeline):
         feats = feats.gather(1, order[..., None].expand_as(feats)) * mask.gather(1, order)[..., None]
         return feats.to(self.transformer.dtype), mask.gather(1, order)
 
-    def _prefix(self, model: LlamaGenGPT, cond, sampling: SamplingConfig):
-        """The model input for B conditions, doubled as [cond; null] under guidance."""
+    def _prefix(self, model: LlamaGenGPT, cond, sampling: SamplingConfig, rows=None):
+        """The model input for B conditions (or for those of ``rows``), doubled as [cond; null]
+        under guidance."""
+        if rows is not None:
+            cond = tuple(c[rows] for c in cond) if isinstance(cond, tuple) else cond[rows]
         feats, mask = cond if isinstance(cond, tuple) else (cond, None)
         if sampling.uses_guidance:
             B = feats.shape[0]
@@ -240,8 +243,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         slots = rows if batch_size is None else min(batch_size, rows)
 
         def prefix_of(target, ids=None):
-            part = cond if ids is None else tuple(c[ids] for c in cond) if isinstance(cond, tuple) else cond[ids]
-            return self._prefix(target, part, sampling)
+            return self._prefix(target, cond, sampling, ids)
 
         queued = slots < rows
         prefix = Requests(rows, lambda ids: prefix_of(model, ids), slots) if queued else prefix_of(model)
@@ -334,10 +336,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         cond = self._conditions(prompt, class_labels, batch_size)
         sampling = SamplingConfig(guidance_scale=scale)
 
-        def prefix_of(target, ids):
-            return self._prefix(target, tuple(c[ids] for c in cond) if isinstance(cond, tuple) else cond[ids], sampling)
-
-        return self.window_policy(prefix_of, batch_size).tables
+        return self.window_policy(lambda target, ids: self._prefix(target, cond, sampling, ids), batch_size).tables
 
     def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
         """Token ids (B, h*w) -> images through the VQ decoder."""

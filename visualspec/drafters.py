@@ -297,9 +297,12 @@ class DraftModelDrafter(Drafter):
         self.consumed = torch.minimum(self.consumed, n + committed - 1)
         self.model.crop(self._rows(self.consumed))
 
+    def _model_rows(self, rows):
+        """Row indices -> the draft model's row indices ([cond; uncond] under guidance)."""
+        return torch.cat([rows, rows + self.batch_size]) if self.sampling.uses_guidance else rows
+
     def select(self, rows):
-        half = self.batch_size if self.sampling.uses_guidance else None
-        self.model.select(torch.cat([rows, rows + half]) if half else rows)
+        self.model.select(self._model_rows(rows))
         self.batch_size = len(rows)
         if self.consumed is not None:
             self.consumed = self.consumed[rows]
@@ -308,8 +311,7 @@ class DraftModelDrafter(Drafter):
         if not callable(self.prefix):
             raise ValueError("continuous batching with a draft model needs its prefix as a function of the "
                              "request indices")
-        self.model.refill(torch.cat([rows, rows + self.batch_size]) if self.sampling.uses_guidance else rows,
-                          self.prefix(requests))
+        self.model.refill(self._model_rows(rows), self.prefix(requests))
         self._forwards += 1
         if self.consumed is not None:
             self.consumed[rows] = 0
