@@ -141,7 +141,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_head * self.head_dim, dim, bias=False)
 
     def forward(self, x, rope, mask, cache=None, input_pos=None):
-        """x (B, L, dim); rope (L or B x L, head_dim/2, 2); mask (B, 1, L, S) bool or None for causal.
+        """x (B, L, dim); rope the (cos, sin) of :func:`rotary`; mask (B, 1, L, S) bool or None for causal.
 
         With ``cache = (k_cache, v_cache, rows)``, caches of shape (B_max, H_kv, S_max, head_dim),
         the keys and values of x are written in cache rows ``rows`` (default: the first B) at
@@ -149,9 +149,9 @@ class Attention(nn.Module):
         """
         B, L, _ = x.shape
         hd = self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_head * hd, self.n_kv_head * hd, self.n_kv_head * hd], dim=-1)
-        q = apply_rope(q.view(B, L, self.n_head, hd), rope).transpose(1, 2)
-        k = apply_rope(k.view(B, L, self.n_kv_head, hd), rope).transpose(1, 2)
+        qk, v = self.wqkv(x).split([(self.n_head + self.n_kv_head) * hd, self.n_kv_head * hd], dim=-1)
+        q, k = apply_rope(qk.view(B, L, self.n_head + self.n_kv_head, hd), *rope).transpose(1, 2).split(
+            [self.n_head, self.n_kv_head], dim=1)  # queries and keys turned in one go
         v = v.view(B, L, self.n_kv_head, hd).transpose(1, 2)
         if cache is not None:
             k_cache, v_cache, rows = cache
@@ -216,15 +216,22 @@ def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int, pref
     return torch.cat([head, table])
 
 
-def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (x[2i], x[2i+1]) of x (B, L, H, head_dim) by rope (L, head_dim/2, 2),
-    or per row by rope (B, L, head_dim/2, 2)."""
-    xp = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(*x.shape[:-1], -1, 2)
-    rope = rope.to(xp.dtype)
+def rotary(rope: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (cos, sin) factors of :func:`apply_rope`, each (1 or B, L, 1, head_dim/2), from a rope
+    table's rows (L, head_dim/2, 2) or per-row rows (B, L, head_dim/2, 2). Made once per forward
+    and shared by every layer."""
+    rope = rope.to(torch.promote_types(dtype, torch.float32))
     if rope.dim() == 3:
         rope = rope[None]
-    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
-    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
+    return rope[:, :, None, :, 0].contiguous(), rope[:, :, None, :, 1].contiguous()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs (x[2i], x[2i+1]) of x (B, L, H, head_dim) by the angles whose
+    :func:`rotary` factors are ``cos``, ``sin``: (x0 cos - x1 sin, x1 cos + x0 sin)."""
+    xp = x.to(cos.dtype).reshape(*x.shape[:-1], -1, 2)
+    x0, x1 = xp[..., 0], xp[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
     return out.flatten(3).type_as(x)
 
 
@@ -356,7 +363,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         if cond_mask is not None:
             key_valid = torch.cat([cond_mask.bool(), cond_mask.new_ones(x.shape[0], T - cond_mask.shape[1]).bool()], 1)
             mask = self._attention_mask(torch.arange(T, device=x.device), key_valid)
-        rope = self.rope[:T].to(x.device)
+        rope = rotary(self.rope[:T].to(x.device), x.dtype)
         for layer in self.layers:
             x = layer(x, rope, mask)
         return self.output(self.norm(x))[:, self.config.cls_token_num - 1:].float()
@@ -435,7 +442,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         allowed = self._attention_mask(input_pos, key_valid[:, :S])
         # additive, made once for every layer (the fused kernel would convert a bool mask per call)
         mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
-        rope = self.rope.to(x.device)[input_pos]
+        rope = rotary(self.rope.to(x.device)[input_pos], x.dtype)
         k_all, v_all = self._cache
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos)

@@ -55,6 +55,34 @@ def test_condition_prefix_has_zero_rotary_table():
     assert model.rope.shape[0] == 5 + 16 and model.rope[:5].abs().sum() == 0 and model.rope[5:, :, 0].abs().sum() > 0
 
 
+@pytest.mark.parametrize("init", ["repeat_left", "repeat_above"])
+def test_jacobi_fill_follows_sources_inside_the_window(init):
+    """Fresh drafts copy their source (left, or one image row up), which may be another fresh
+    position of the same window; carried positions keep their carried token. Checked against the
+    token-by-token definition, with windows longer than an image row so chains cross rows."""
+    g, V, N = 4, 50, 24
+    drafter = JacobiDrafter(V, init, grid_width=g)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, V, (3, N), generator=gen)
+    n = torch.tensor([1, 5, 9])
+    for k, count in [(11, [0, 0, 0]), (11, [3, 0, 6]), (7, [7, 2, 1])]:
+        drafter.start(3, N, GREEDY)
+        carried = torch.randint(0, V, (3, k), generator=gen)
+        if any(count):
+            drafter.carried, drafter.carried_probs = carried, torch.full((3, k, V), 1.0 / V)
+            drafter.count = torch.tensor(count)
+        drafts, _ = drafter.propose(tokens, n, k)
+        for b in range(3):
+            seq = tokens[b].tolist() + [None] * k
+            for j in range(k):
+                pos = int(n[b]) + j
+                if j < count[b]:
+                    seq[pos] = int(carried[b, j])
+                else:
+                    seq[pos] = seq[pos - g if init == "repeat_above" and pos >= g else pos - 1]
+            assert drafts[b].tolist() == seq[int(n[b]):int(n[b]) + k], (k, count, b)
+
+
 @pytest.mark.parametrize("init", ["random", "repeat_left", "repeat_above"])
 @pytest.mark.parametrize("model_type", ["c2i", "t2i"])
 def test_greedy_sjd_equals_greedy_ar_for_llamagen(init, model_type):

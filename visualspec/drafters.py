@@ -132,34 +132,41 @@ class JacobiDrafter(Drafter):
         offsets = torch.arange(k, device=device)
         count = self.count.to(device)
         carried = (offsets[None] < count[:, None]) if self.carried is not None else offsets[None].expand(B, k) < 0
-        lo, hi = self.init_vocab
-        if self.init == "random":  # k draws per row, whatever it carries
-            u = uniform((B, k), generator, device=device)
-            fresh = (lo + (u * (hi - lo)).long().clamp(max=hi - lo - 1)).to(tokens.dtype)
-        drafts = tokens.new_empty(B, k)
+        from_carry = tokens.new_zeros(B, k)
         if self.carried is not None:
             index = offsets.clamp(max=self.carried.shape[1] - 1)[None].expand(B, k)
             from_carry = self.carried.gather(1, index)
-        scratch = tokens.clone()  # committed tokens, then this window's drafts as they are placed
-        last = tokens.shape[1] - 1
-        for j in range(k):
-            pos = n + j
-            if self.init == "random":
-                token = fresh[:, j]
-            else:
-                src = torch.where(pos >= self.grid_width, pos - self.grid_width, pos - 1) \
-                    if self.init == "repeat_above" else pos - 1
-                token = scratch.gather(1, src.clamp(max=last)[:, None])[:, 0]
-            if self.carried is not None:
-                token = torch.where(carried[:, j], from_carry[:, j], token)
-            drafts[:, j] = token
-            scratch.scatter_(1, pos.clamp(max=last)[:, None], token[:, None])
+        if self.init == "random":  # k draws per row, whatever it carries
+            lo, hi = self.init_vocab
+            u = uniform((B, k), generator, device=device)
+            fresh = (lo + (u * (hi - lo)).long().clamp(max=hi - lo - 1)).to(tokens.dtype)
+            drafts = torch.where(carried, from_carry, fresh)
+        else:
+            drafts = self._repeat(tokens, n[:, None] + offsets, carried, from_carry)
         q = None
         if self.carried is not None and bool(carried.any()):
             index = offsets.clamp(max=self.carried.shape[1] - 1)[None, :, None].expand(B, k, self.vocab_size)
             q = torch.where(carried[..., None], self.carried_probs.gather(1, index), point_mass(drafts, self.vocab_size))
         self.proposed = (drafts, q)
         return drafts, q
+
+    def _repeat(self, tokens, pos, carried, from_carry):
+        """Drafts at positions ``pos`` (B, k) by ``repeat_left`` / ``repeat_above``: a carried
+        position keeps its carried token, a fresh one copies its source position (one to the left,
+        or one image row up), which may itself be a fresh position of this window. Sources are
+        followed to their end by pointer jumping (log2 k gathers, no loop over the window)."""
+        B, k = pos.shape
+        if self.init == "repeat_above":
+            src = torch.where(pos >= self.grid_width, pos - self.grid_width, pos - 1)
+        else:
+            src = pos - 1
+        length = tokens.shape[1] + k  # room for window positions past the end (fillers)
+        values = torch.cat([tokens, tokens.new_zeros(B, k)], dim=1).scatter(1, pos, from_carry)
+        pointer = torch.arange(length, device=pos.device).expand(B, length).clone()
+        pointer.scatter_(1, pos, torch.where(carried, pos, src.clamp(min=0)))
+        for _ in range(k.bit_length()):  # 2 ** rounds > k, the longest chain
+            pointer = pointer.gather(1, pointer)
+        return values.gather(1, pointer.gather(1, pos))
 
     def observe(self, n, committed, target_probs, generator=None):
         # target_probs[:, j] is the target's distribution at position n + j; keep, per row, the
