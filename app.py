@@ -20,21 +20,18 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from visualspec.cli import load_pipeline
+from visualspec.assets import ARENA_NFD
+from visualspec.tools.cli import load_pipeline
 
 MODES = ["sjd", "lantern", "ar"]
-WORLD_DIR = Path(__file__).resolve().parent / "assets" / "arena-nfd"
+WORLD_DIR = ARENA_NFD
 
 
 class ImageDemo:
@@ -247,44 +244,6 @@ def build_app(pipe, world=None, fps: float = 30.0, speculate: int = 4):
         app.add_api_websocket_route("/arena/ws", server.play)
         app.state.arena = server
     return gr.mount_gradio_app(app, build_demo(pipe, world), path="/", head=ARENA_JS)
-
-
-CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
-
-
-def find_chromium() -> str | None:
-    for name in CHROMIUM_CANDIDATES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serve(application, port: int | None = None):
-    """Run an ASGI app with uvicorn in a background thread; yields its URL."""
-    import uvicorn
-
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("the app server did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def load_world(folder):

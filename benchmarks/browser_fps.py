@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import app  # noqa: E402
+from visualspec.tools.serve import find_chromium, serve  # noqa: E402
 
 
 def open_video_tab(page, url: str, timeout_ms: int = 60_000) -> None:
@@ -36,9 +37,9 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
     import torch
     from playwright.sync_api import sync_playwright
 
-    from visualspec.cli import load_pipeline
+    from visualspec.tools.cli import load_pipeline
 
-    chromium = app.find_chromium()
+    chromium = find_chromium()
     if chromium is None:
         raise SystemExit("no Chromium found (Debian: apt-get install chromium)")
     world_pipe = app.load_world(world)
@@ -48,7 +49,7 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
     application = app.build_app(load_pipeline(model), world_pipe)
     rng = random.Random(seed)
     results = {}
-    with app.serve(application) as url, sync_playwright() as p:
+    with serve(application) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         for n in sessions:
             contexts = [browser.new_context() for _ in range(n)]

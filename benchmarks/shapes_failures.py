@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from visualspec.eval.geneval import ShapesDetector, _to_array, evaluate_image, load_image, read_geneval_folder
+from visualspec.eval.detectors import ShapesDetector
+from visualspec.eval.geneval import evaluate_image, load_image, read_geneval_folder, to_array
 from visualspec.worlds.shapes import BACKGROUND
 
 MIN_STRAY = 30  # pixels: the detector's own smallest object
@@ -37,7 +38,7 @@ LOOSE = "pass at threshold 0.3"  # counting scored with GenEval's ordinary detec
 def stray_pixels(image, record: dict) -> int:
     """Foreground pixels of ``image`` outside the boxes (grown by one pixel) of the objects that
     GenEval kept for ``record`` (a result record of :func:`evaluate_images`)."""
-    rgb = _to_array(image).astype(int)
+    rgb = to_array(image).astype(int)
     foreground = np.abs(rgb - np.asarray(BACKGROUND)).max(-1) > FOREGROUND
     covered = np.zeros_like(foreground)
     for boxes in json.loads(record["details"]).values():

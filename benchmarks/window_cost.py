@@ -4,10 +4,10 @@
 
 Loads a pipeline folder (default: the shipped shapes model), builds the real model prefix for B
 prompts with classifier-free guidance as the pipeline does (2B model rows), and times
-``forward_window`` for each W at the middle of the image (:func:`visualspec.window.measure_window_costs`,
+``forward_window`` for each W at the middle of the image (:func:`visualspec.core.window.measure_window_costs`,
 the median of ``--repeats`` calls after a warm-up). For each batch size it prints a markdown table
 of milliseconds per forward and the ratio to W = 1, and the window
-:func:`visualspec.window.choose_window` would pick at a few constant acceptance rates alpha
+:func:`visualspec.core.window.choose_window` would pick at a few constant acceptance rates alpha
 (expected tokens per step ``E(W) = 1 + alpha + ... + alpha**(W-1)``).
 
 With ``--compile`` it also times ``torch.compile(model.forward_window)`` for each W at the same
@@ -33,9 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from visualspec import SamplingConfig, VisualSpecPipeline  # noqa: E402
-from visualspec.bench import DEFAULT_PROMPTS  # noqa: E402
-from visualspec.window import (choose_window, machine_name, measure_window_costs, prefix_rows,  # noqa: E402
-                               window_start)
+from visualspec.assets import SHAPES_T2I  # noqa: E402
+from visualspec.core.window import (choose_window, machine_name, measure_window_costs, prefix_rows,  # noqa: E402
+                                    window_start)
+from visualspec.tools.bench import DEFAULT_PROMPTS  # noqa: E402
 
 ALPHAS = (0.3, 0.5, 0.7, 0.9)
 
@@ -87,7 +88,7 @@ def measure_compiled(model, prefix, num_tokens: int, w: int, start: int, repeats
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(ROOT / "assets" / "shapes-t2i"), help="pipeline folder")
+    parser.add_argument("--model", default=str(SHAPES_T2I), help="pipeline folder")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="images per batch (B)")
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per W (the median is kept)")

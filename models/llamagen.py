@@ -24,7 +24,7 @@ square" and "a blue circle and a red square" then give the same set of caption f
 (``cls_embedding.position_embedding``, absent from official checkpoints).
 
 Besides the training forward, the model implements the decode engine's token-model protocol
-(:class:`visualspec.engine.TokenModel`): ``prefill``, ``forward_window`` and ``crop`` over a
+(:class:`visualspec.core.engine.TokenModel`): ``prefill``, ``forward_window`` and ``crop`` over a
 static KV cache.
 """
 
@@ -39,6 +39,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from .checkpoints import load_state_dict_strict, read_llamagen_checkpoint
+from .rotary import apply_rope
 
 # name -> (n_layer, n_head, dim); all official sizes (head_dim = dim / n_head, 100 for 3B)
 GPT_CONFIGS = {
@@ -121,7 +122,7 @@ def attend(q, k, v, mask):
     PyTorch's fused kernel, except when training on a CPU: there the product is written out. With
     the training forward compiled, a shapes-GPT step (batch 32, 272 positions) took 1.67 to 1.88 s
     written out against 1.80 to 2.10 s with the fused CPU kernel, whose backward is slow at these
-    sizes (three side-by-side pairs of runs; README, training).
+    sizes (three side-by-side pairs of runs; docs/experiments/2026-11-25-cpu-training-attention.md).
     """
     if not (torch.is_grad_enabled() and q.requires_grad and q.device.type == "cpu"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
@@ -217,22 +218,13 @@ def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int, pref
 
 
 def rotary(rope: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (cos, sin) factors of :func:`apply_rope`, each (1 or B, L, 1, head_dim/2), from a rope
+    """The (cos, sin) factors of :func:`visualspec.models.rotary.apply_rope`, each (1 or B, L, 1, head_dim/2), from a rope
     table's rows (L, head_dim/2, 2) or per-row rows (B, L, head_dim/2, 2). Made once per forward
     and shared by every layer."""
     rope = rope.to(torch.promote_types(dtype, torch.float32))
     if rope.dim() == 3:
         rope = rope[None]
     return rope[:, :, None, :, 0].contiguous(), rope[:, :, None, :, 1].contiguous()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (x[2i], x[2i+1]) of x (B, L, H, head_dim) by the angles whose
-    :func:`rotary` factors are ``cos``, ``sin``: (x0 cos - x1 sin, x1 cos + x0 sin)."""
-    xp = x.to(cos.dtype).reshape(*x.shape[:-1], -1, 2)
-    x0, x1 = xp[..., 0], xp[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return out.flatten(3).type_as(x)
 
 
 class LlamaGenGPT(ModelMixin, ConfigMixin):

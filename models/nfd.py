@@ -32,6 +32,8 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from .rotary import apply_rope
+
 
 def rope_3d(frames: torch.Tensor, size: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """Rotary table (len(frames) * size**2, head_dim/2, 2) of (cos, sin) for the given frame indices.
@@ -53,14 +55,6 @@ def rope_3d(frames: torch.Tensor, size: int, head_dim: int, base: float = 10000.
     cols = torch.arange(size).repeat(size * len(frames))
     a = torch.cat([angles(t, n_t), angles(rows, n_h), angles(cols, n_w)], dim=-1)
     return torch.stack([a.cos(), a.sin()], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of x (B, H, L, head_dim) by rope (L, head_dim/2, 2)."""
-    xp = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = rope[..., 0].to(x.device), rope[..., 1].to(x.device)
-    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1)
-    return out.flatten(-2).type_as(x)
 
 
 def timestep_embedding(tau: torch.Tensor, dim: int) -> torch.Tensor:
@@ -108,7 +102,8 @@ class DiTBlock(nn.Module):
                   tokens_per_frame: int):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        cos, sin = rope[..., 0].to(q.device), rope[..., 1].to(q.device)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = k, v
         if cache is not None:
             past_k, past_v = cache.read(layer)

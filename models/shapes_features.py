@@ -35,5 +35,5 @@ class ShapesFeatureNet(ModelMixin, ConfigMixin):
         return F.silu(self.proj(x.mean(dim=(2, 3))))
 
     def predict_targets(self, images: torch.Tensor) -> torch.Tensor:
-        """What the network was trained to predict (see ``visualspec.train.scene_targets``)."""
+        """What the network was trained to predict (see ``visualspec.training.shapes.scene_targets``)."""
         return self.head(self(images))

@@ -11,7 +11,9 @@ _PIPELINES: dict[str, type] = {}
 
 
 def register_pipeline(cls):
-    """Class decorator: make ``VisualSpecPipeline.from_pretrained`` able to load ``cls`` folders."""
+    """Class decorator: make ``VisualSpecPipeline.from_pretrained`` able to load ``cls`` folders.
+    The package's ``__init__`` imports every pipeline module, so all are registered before any
+    folder is loaded; this module imports none of them."""
     _PIPELINES[cls.__name__] = cls
     return cls
 
@@ -41,7 +43,6 @@ class VisualSpecPipeline(DiffusionPipeline):
             class_name = None
         target = cls
         if class_name is not None and cls is VisualSpecPipeline:
-            _import_all_pipelines()
             if class_name not in _PIPELINES:
                 raise ValueError(f"{index_file} names pipeline class {class_name!r}, which visualspec does not "
                                  f"know (known: {sorted(_PIPELINES)})")
@@ -58,7 +59,3 @@ class VisualSpecPipeline(DiffusionPipeline):
 def _first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-def _import_all_pipelines():
-    from . import llamagen, nfd  # noqa: F401  (registers their classes)

@@ -11,10 +11,10 @@ import torch
 from diffusers.utils import BaseOutput
 
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter, INIT_SCHEMES
-from visualspec.engine import Requests, decode, default_rule
-from visualspec.sampling import SamplingConfig, make_generator
-from visualspec.stats import DecodeStats
-from visualspec.verify import gsd_verify, lantern_verify
+from visualspec.core.engine import Requests, decode, default_rule
+from visualspec.core.sampling import SamplingConfig, make_generator
+from visualspec.core.stats import DecodeStats
+from visualspec.core.verify import gsd_verify, lantern_verify
 
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
@@ -315,10 +315,10 @@ class LlamaGenPipeline(VisualSpecPipeline):
         return codebook.to(self.device)
 
     def window_policy(self, prefix_of, slots: int):
-        """The :class:`visualspec.window.WindowPolicy` of ``window="auto"`` at ``slots`` images: cost
+        """The :class:`visualspec.core.window.WindowPolicy` of ``window="auto"`` at ``slots`` images: cost
         tables at slots, slots/2, ..., 1 images (the batch shrinks as images finish), measured
         once per model and batch size on this machine and cached on disk."""
-        from visualspec.window import WindowPolicy, cached_window_costs, prefix_rows
+        from visualspec.core.window import WindowPolicy, cached_window_costs, prefix_rows
 
         tables, rows = {}, slots
         while True:

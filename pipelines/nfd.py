@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from diffusers.utils import BaseOutput
 
-from visualspec.sampling import make_generator
+from visualspec.core.sampling import make_generator
 from visualspec.video import VideoStats, WorldSession
 from visualspec.worlds import arena
 
@@ -135,13 +135,7 @@ class NextFramePipeline(VisualSpecPipeline):
         ``steps``: sampling steps (default 1 for the distilled model, 8 for ``use_teacher=True``);
         ``speculate``: frames generated together while the action persists (1 = off).
         """
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
-        if num_frames is None and actions is None:
-            raise ValueError("pass actions, num_frames, or both")
-        if num_frames is not None and (isinstance(num_frames, bool) or not isinstance(num_frames, int)
-                                       or num_frames < 1):
-            raise ValueError(f"num_frames must be an integer >= 1, got {num_frames!r}")
+        self.check_inputs(actions, num_frames, output_type)
         if actions is None:
             actions = arena.random_actions(np.random.default_rng([seed or 0, 1]), num_frames)
         actions = [arena.action_index(a) for a in actions]
@@ -163,6 +157,16 @@ class NextFramePipeline(VisualSpecPipeline):
             return frames, session.stats
         return VisualSpecVideoOutput(frames=frames, stats=session.stats)
 
+
+    def check_inputs(self, actions, num_frames, output_type) -> None:
+        """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
+        if num_frames is None and actions is None:
+            raise ValueError("pass actions, num_frames, or both")
+        if num_frames is not None and (isinstance(num_frames, bool) or not isinstance(num_frames, int)
+                                       or num_frames < 1):
+            raise ValueError(f"num_frames must be an integer >= 1, got {num_frames!r}")
 
 def export_video(frames, path, fps: int = arena.FPS, scale: int = 4) -> Path:
     """Write frames (uint8 arrays or PIL images) to ``.mp4`` or ``.gif`` with imageio, upscaled

@@ -1,9 +1,16 @@
 """Tiny random models shared by the tests (all built offline from configs)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from visualspec.models.llamagen import LlamaGenGPT
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+sys.path.insert(0, str(ROOT))  # app.py and benchmarks/ are scripts at the top, not installed
 
 
 def tiny_llamagen(seed=0, vocab_size=4, block_size=4, dim=32, n_layer=2, n_head=2, model_type="c2i",

@@ -1,9 +1,8 @@
 """The README's two commands are what a new user runs, and CI runs the second one."""
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 
 def readme_commands():

@@ -1,0 +1,160 @@
+"""Any Hugging Face transformers causal LM as a token model for the decode engine."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+class HFCausalLM:
+    """Adapter from a transformers ``AutoModelForCausalLM`` to :class:`visualspec.core.engine.TokenModel`.
+
+    The prefix is ``input_ids`` (B, T) or ``(input_ids, attention_mask)`` for left-padded batches;
+    positions follow the attention mask, so padded rows generate exactly as they would alone.
+    The KV cache is a transformers ``DynamicCache``, cropped after every verification.
+
+    ``head_rows`` (optional, a 1-D list or tensor of K token ids) trims the LM head for VocabTrim
+    (:class:`visualspec.drafters.VocabTrimDrafter`): the base model's last hidden state goes
+    through those K rows of the output embedding only (and its bias), so the logits have K columns,
+    in the order of ``head_rows``, and the head costs K/V of the full one. ``vocab_size`` stays the
+    full V. This assumes the model's logits are its LM head applied to the base model's output (as
+    in Llama, Mistral, Qwen, GPT-2, ...); a ``final_logit_softcapping`` in the config is applied too.
+    Without ``head_rows`` the adapter returns the model's own full logits.
+    """
+
+    def __init__(self, model, head_rows=None):
+        from transformers import DynamicCache  # noqa: F401  (fail early if transformers is missing)
+
+        if not getattr(model.config, "use_cache", True):
+            raise ValueError(f"{type(model).__name__} has use_cache=False; speculative decoding needs a KV cache")
+        self.model = model
+        head = model.get_output_embeddings()
+        self.vocab_size = head.weight.shape[0]
+        self.cache = None
+        self.head_rows = None
+        if head_rows is not None:
+            rows = torch.as_tensor(head_rows).to(device=head.weight.device)
+            if rows.dim() != 1 or rows.numel() == 0 or rows.is_floating_point() or rows.dtype == torch.bool:
+                raise ValueError("head_rows must be a non-empty 1-D list of token ids")
+            if int(rows.min()) < 0 or int(rows.max()) >= self.vocab_size:
+                raise ValueError(f"head_rows must be token ids in [0, {self.vocab_size})")
+            if model.base_model is model:
+                raise ValueError(f"cannot trim the LM head of {type(model).__name__}: it has no separate base model")
+            self.head_rows = rows.long()
+            self.head_weight = head.weight.detach()[self.head_rows].contiguous()  # (K, hidden)
+            bias = getattr(head, "bias", None)
+            self.head_bias = None if bias is None else bias.detach()[self.head_rows]
+            self.softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    def _logits(self, last_only: bool = False, **inputs) -> torch.Tensor:
+        """Logits of the model (all V columns, or the K ``head_rows``) for ``inputs``."""
+        if self.head_rows is None:
+            return self.model(**inputs).logits
+        hidden = self.model.base_model(**inputs).last_hidden_state
+        if last_only:
+            hidden = hidden[:, -1:]
+        logits = torch.nn.functional.linear(hidden, self.head_weight, self.head_bias)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def prefill(self, prefix, max_new_tokens: int) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        input_ids, attention_mask = prefix if isinstance(prefix, (tuple, list)) else (prefix, None)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        self.prefix_mask = attention_mask.long()
+        self.prefix_len = input_ids.shape[1]
+        positions = (self.prefix_mask.cumsum(-1) - 1).clamp(min=0)
+        self.first_position = positions[:, -1:] + 1  # position id of generated token 0, per row
+        # cache columns: the prefix, then every fed token; per row, the generated position each
+        # column holds (-1 for the prefix) and whether the row may attend to it
+        self.column_position = torch.full_like(self.prefix_mask, -1)
+        self.column_valid = self.prefix_mask.bool()
+        self.cache = DynamicCache(config=self.model.config)
+        logits = self._logits(last_only=True, input_ids=input_ids, attention_mask=self.prefix_mask,
+                              position_ids=positions, past_key_values=self.cache, use_cache=True)
+        return logits[:, -1].float()
+
+    def _append(self, positions: torch.Tensor) -> None:
+        """Record the columns of tokens just fed at generated positions ``positions`` (B, L)."""
+        self.column_position = torch.cat([self.column_position, positions], 1)
+        self.column_valid = torch.cat([self.column_valid, torch.ones_like(positions, dtype=torch.bool)], 1)
+
+    def forward_window(self, tokens: torch.Tensor, start) -> torch.Tensor:
+        """Tokens (B, L), row b at generated positions start[b].. (an int or (B,) tensor). The
+        window attends to each row's valid columns and causally to itself."""
+        B, L = tokens.shape
+        start = torch.as_tensor(start, device=tokens.device).expand(B)
+        positions = start[:, None] + torch.arange(L, device=tokens.device)
+        mask = None
+        if not bool(self.column_valid.all()):  # ragged rows or a padded prefix: say which columns count
+            mask = torch.cat([self.column_valid, self.column_valid.new_ones(B, L)], 1).long()
+        logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
+                              past_key_values=self.cache, use_cache=True).float()
+        self._append(positions)
+        return logits
+
+    def crop(self, lengths) -> None:
+        """Keep each row's generated positions < lengths[b]; drop trailing columns no row uses."""
+        lengths = torch.as_tensor(lengths, device=self.column_position.device).expand(self.column_valid.shape[0])
+        self.column_valid &= self.column_position < lengths[:, None]
+        used = self.column_valid.any(0).nonzero()
+        keep = max(self.prefix_len, int(used.max()) + 1 if len(used) else 0)
+        remove = self.column_valid.shape[1] - keep
+        if remove > 0:  # a negative argument removes that many tokens, in old and new transformers alike
+            self.cache.crop(-remove)
+            self.column_position = self.column_position[:, :keep]
+            self.column_valid = self.column_valid[:, :keep]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (in that order) and drop the others."""
+        self.cache.batch_select_indices(rows)
+        for name in ("prefix_mask", "first_position", "column_position", "column_valid"):
+            setattr(self, name, getattr(self, name)[rows])
+
+    # ------------------------------------------------------------------ trees and branches
+
+    def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
+                     start) -> torch.Tensor:
+        """Tree attention (see :class:`visualspec.core.engine.TreeTokenModel`): one forward over the
+        flattened tree with a 4-D mask, node i of row b at position ``start[b] + depths[i]``."""
+        B, N = tokens.shape
+        start = torch.as_tensor(start, device=tokens.device).expand(B)
+        past = self.column_valid.shape[1]
+        allowed = torch.cat([self.column_valid[:, None, :].expand(B, N, past), ancestors[None].expand(B, N, N)], dim=2)
+        dtype = self.model.get_output_embeddings().weight.dtype
+        mask = torch.zeros(B, 1, N, past + N, dtype=dtype, device=tokens.device)
+        mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        positions = start[:, None] + depths[None].to(tokens.device)
+        logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
+                              past_key_values=self.cache, use_cache=True).float()
+        self._append(positions)
+        self.tree_nodes = N
+        return logits
+
+    def keep(self, nodes: torch.Tensor, counts: torch.Tensor) -> None:
+        """Of the last tree's nodes, keep ``nodes[b, :counts[b]]`` of each row b; drop the others."""
+        kept = torch.arange(nodes.shape[1], device=nodes.device)[None] < counts[:, None]
+        valid = torch.zeros(nodes.shape[0], self.tree_nodes, dtype=torch.bool, device=nodes.device)
+        valid.scatter_(1, nodes, kept)
+        self.column_valid[:, -self.tree_nodes:] = valid
+        self.crop(torch.full_like(counts, torch.iinfo(torch.long).max))
+
+    def branch(self, k: int):
+        """Repeat every row k times (rows b*k .. b*k+k-1 continue row b) and return what
+        :meth:`unbranch` needs to restore the unbranched state; used to draft k chains at once."""
+        names = ("prefix_mask", "first_position", "column_position", "column_valid")
+        saved = (self.cache, {name: getattr(self, name) for name in names})
+        self.cache = copy.deepcopy(self.cache)
+        self.cache.batch_repeat_interleave(k)
+        for name in names:
+            setattr(self, name, getattr(self, name).repeat_interleave(k, 0))
+        return saved
+
+    def unbranch(self, saved) -> None:
+        self.cache, values = saved
+        for name, value in values.items():
+            setattr(self, name, value)

@@ -1,0 +1,127 @@
+"""Ragged batches and continuous batching in the one engine.
+
+Every row commits its own count each step, so a row's tokens must depend only on its prefix and
+its generator: decoded alone, in a batch, or through a queue of requests sharing a few slots, the
+same row with the same generator gives the same tokens (float64 tiny models, where the arithmetic
+does not depend on the batch's make-up). Each test also shows that its rows really did accept
+different counts, so the ragged path is the one exercised.
+"""
+
+import pytest
+import torch
+
+from conftest import tiny_hf, tiny_llamagen
+from visualspec.drafters import DraftModelDrafter, JacobiDrafter
+from visualspec.core.engine import Requests, decode
+from visualspec.models.hf import HFCausalLM
+from visualspec.core.sampling import SamplingConfig
+
+GUIDED = SamplingConfig(guidance_scale=2.0, temperature=0.9)
+PLAIN = SamplingConfig()
+
+
+def _labels(ids, sampling):
+    labels = torch.tensor([i % 3 for i in ids])
+    return torch.cat([labels, torch.full_like(labels, 3)]) if sampling.uses_guidance else labels
+
+
+def _generators(seeds):
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+def _jacobi(coupling=False):
+    return JacobiDrafter(16, "repeat_above", grid_width=4, coupling=coupling)
+
+
+@pytest.mark.parametrize("coupling", [False, True], ids=["sjd", "sjd-coupled"])
+@pytest.mark.parametrize("sampling", [PLAIN, GUIDED], ids=["plain", "guided"])
+def test_a_row_decodes_alike_alone_in_a_batch_and_in_a_queue(sampling, coupling):
+    model = tiny_llamagen(seed=2, vocab_size=16, block_size=16, std=0.3)
+    ids = list(range(6))
+    batch, stats = decode(model, _labels(ids, sampling), 16, sampling, drafter=_jacobi(coupling), window=5,
+                          generator=_generators(ids))
+    assert stats.row_forwards.unique().numel() > 1, "rows must accept different counts"
+    assert len(set(stats.accepted_lengths)) > 2
+    for i in ids:
+        alone, _ = decode(model, _labels([i], sampling), 16, sampling, drafter=_jacobi(coupling), window=5,
+                          generator=_generators([i]))
+        assert torch.equal(alone[0], batch[i]), f"row {i} depends on its batch mates"
+    queued, qstats = decode(model, Requests(6, lambda rows: _labels(rows, sampling), slots=2), 16, sampling,
+                            drafter=_jacobi(coupling), window=5, generator=_generators(ids))
+    assert torch.equal(queued, batch)
+    assert qstats.slots == 2 and qstats.target_forwards > stats.target_forwards  # refills are prefills
+    assert torch.equal(qstats.row_forwards, stats.row_forwards)
+    assert torch.equal(qstats.fixed_at, stats.fixed_at)
+
+
+def test_a_queue_with_a_draft_model_decodes_like_one_batch():
+    target = tiny_llamagen(seed=0, vocab_size=16, block_size=16, std=0.3)
+    draft = tiny_llamagen(seed=5, vocab_size=16, block_size=16, dim=16, n_layer=1, std=0.3)
+    ids = list(range(5))
+    batch, stats = decode(target, _labels(ids, GUIDED), 16, GUIDED, window=4, generator=_generators(ids),
+                          drafter=DraftModelDrafter(draft, _labels(ids, GUIDED)))
+    assert stats.row_forwards.unique().numel() > 1
+    queued, _ = decode(target, Requests(5, lambda rows: _labels(rows, GUIDED), slots=2), 16, GUIDED, window=4,
+                       generator=_generators(ids), drafter=DraftModelDrafter(draft, lambda rows: _labels(rows, GUIDED)))
+    assert torch.equal(queued, batch)
+
+
+def test_text_rows_of_different_prompt_lengths_decode_alike_alone_and_together():
+    model = HFCausalLM(tiny_hf("llama"))
+    ids = torch.randint(2, 64, (3, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding
+    ids[1, :2] = 0
+    together, stats = decode(model, (ids, mask), 20, SamplingConfig(temperature=0.8),
+                             drafter=JacobiDrafter(64, "repeat_left"), window=4, generator=_generators([0, 1, 2]))
+    assert stats.row_forwards.unique().numel() > 1
+    for b in range(3):
+        row = (ids[b:b + 1, 2:], mask[b:b + 1, 2:]) if b == 1 else (ids[b:b + 1], mask[b:b + 1])
+        alone, _ = decode(model, row, 20, SamplingConfig(temperature=0.8), drafter=JacobiDrafter(64, "repeat_left"),
+                          window=4, generator=_generators([b]))
+        assert torch.equal(alone[0], together[b])
+
+
+def test_finished_rows_leave_the_batch():
+    model = tiny_llamagen(seed=2, vocab_size=16, block_size=16, std=0.3)
+    shapes = []
+    original = model.forward_window
+
+    def spy(tokens, start):
+        shapes.append(tokens.shape[0])
+        return original(tokens, start)
+
+    model.forward_window = spy
+    _, stats = decode(model, _labels(range(6), PLAIN), 16, PLAIN, drafter=_jacobi(), window=5,
+                      generator=_generators(range(6)))
+    assert shapes[0] == 6 and shapes[-1] < 6 and shapes == sorted(shapes, reverse=True)
+    assert stats.target_forwards == len(shapes) + 1
+
+
+def test_bad_batches_get_clear_errors():
+    model = tiny_llamagen(vocab_size=16, block_size=16)
+    with pytest.raises(ValueError, match="3 generators for a batch of 2"):
+        decode(model, _labels([0, 1], PLAIN), 16, PLAIN, generator=_generators([0, 1, 2]))
+    with pytest.raises(ValueError, match="slots"):
+        Requests(4, lambda rows: None, slots=0)
+    with pytest.raises(TypeError, match="continuous batching"):
+        decode(HFCausalLM(tiny_hf("llama")), Requests(2, lambda rows: torch.ones(len(rows), 3, dtype=torch.long), 1),
+               4, PLAIN)
+    with pytest.raises(ValueError, match="window"):
+        decode(model, _labels([0], PLAIN), 16, PLAIN, drafter=_jacobi(), window=0)
+
+
+def test_draft_model_trees_take_one_generator_per_prompt(tokenizer):
+    """A draft tree of depth 2 branches the draft model's rows; its chains are still sampled with
+    one generator per prompt (this crashed with "got 2 generators for a batch of 4"), and a
+    prompt's text depends on its own generator only."""
+    from visualspec.text import generate_text
+
+    target, draft = tiny_hf("llama"), tiny_hf("llama", seed=3)
+    prompts = ["w5 w6 w7 w8 w5 w6", "w9 w10 w11"]
+    kw = dict(drafter=draft, branches=2, depth=2, window=5, max_new_tokens=12, temperature=0.8)
+    both = generate_text(target, tokenizer, prompts, generator=_generators([3, 4]), **kw)
+    assert both.stats.row_forwards.unique().numel() > 1 or len(set(both.stats.accepted_lengths)) > 1
+    for prompt, seed, ids in zip(prompts, [3, 4], both.token_ids):
+        alone = generate_text(target, tokenizer, [prompt], generator=_generators([seed]), **kw)
+        assert alone.token_ids[0] == ids

@@ -1,0 +1,231 @@
+"""Choosing the decode window: expected tokens, the choice, the acceptance estimate, the cost cache."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_llamagen
+from visualspec.core import window as win
+from visualspec.core.window import (WindowPolicy, cached_window_costs, choose_window,
+                               expected_tokens, measure_window_costs)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeModel:
+    """A token model whose forward_window costs ``rows * (fixed + per_token * W)`` fake seconds
+    (plus ``warmup`` on the first call of each W), and that checks the protocol is kept."""
+
+    vocab_size = 5
+
+    def __init__(self, clock, fixed=1e-3, per_token=1e-4, warmup=1.0):
+        self.clock, self.fixed, self.per_token, self.warmup = clock, fixed, per_token, warmup
+        self.calls, self.seen, self.length = [], set(), None
+
+    def prefill(self, prefix, max_new_tokens):
+        self.rows, self.max_new, self.length = prefix.shape[0], max_new_tokens, 0
+        return torch.zeros(self.rows, self.vocab_size)
+
+    def forward_window(self, tokens, start):
+        rows, w = tokens.shape
+        assert rows == self.rows and self.length == start and start + w <= self.max_new
+        self.calls.append((w, start))
+        self.clock.now += rows * (self.fixed + self.per_token * w) + (0 if w in self.seen else self.warmup)
+        self.seen.add(w)
+        self.length = start + w
+        return torch.zeros(rows, w, self.vocab_size)
+
+    def crop(self, length):
+        self.length = min(self.length, length)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(win, "_clock", clock)
+    return clock
+
+
+# ---------------------------------------------------------------------------- formulas and choice
+
+def test_expected_tokens_on_hand_values():
+    assert expected_tokens([0.5], 1) == 1.0
+    assert expected_tokens([0.5], 2) == 1.5
+    assert expected_tokens([0.5, 0.5, 0.5], 4) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens([0.8, 0.5], 3) == pytest.approx(1 + 0.8 + 0.4)
+    assert expected_tokens([0.8, 0.5], 5) == pytest.approx(1 + 0.8 + 0.4 + 0.2 + 0.1)  # last value reused
+    assert expected_tokens(1.0, 6) == 6.0 and expected_tokens(0.0, 6) == 1.0
+    with pytest.raises(ValueError):
+        expected_tokens([1.5], 2)
+    with pytest.raises(ValueError):
+        expected_tokens([0.5], 0)
+
+
+def test_choose_window_avoids_costly_drafts_at_low_acceptance():
+    steep = {1: 1.0, 2: 1.6, 4: 2.8, 8: 5.0, 16: 9.0}  # a CPU at batch 16
+    assert choose_window(steep, 0.3) == 1
+    assert choose_window(steep, [0.5, 0.3]) == 1
+
+
+def test_choose_window_takes_a_large_window_when_forwards_are_flat():
+    flat = {1: 1.0, 2: 1.01, 4: 1.02, 8: 1.05, 16: 1.1, 32: 1.3}  # batch 1, or a GPU
+    assert choose_window(flat, 0.95) == 32
+    assert choose_window(flat, 0.95, max_window=10) == 8
+    assert choose_window(flat, 0.0) == 1  # nothing accepted: drafts only cost
+
+
+def test_choose_window_ties_go_to_the_smaller_window():
+    # E(2) = 1.5 at alpha 0.5: 1.5 tokens for 1.5 s, the same rate as AR
+    assert choose_window({1: 1.0, 2: 1.5}, 0.5) == 1
+    # alpha 1: E(W) = W, so every window of cost proportional to W ties with AR
+    assert choose_window({1: 1.0, 2: 2.0, 4: 4.0}, 1.0) == 1
+    assert choose_window({1: 2.0, 2: 2.0, 3: 3.0}, 1.0) == 2  # 2 and 3 both give 1 token/s
+    with pytest.raises(ValueError):
+        choose_window({2: 1.0, 4: 1.0}, 0.5)  # no AR baseline
+
+
+# ---------------------------------------------------------------------------- acceptance profile
+
+def test_window_search_learns_each_windows_tokens_and_probes_its_neighbours():
+    policy = WindowPolicy({2: {1: 1.0, 2: 1.1, 4: 1.3, 8: 2.0}})
+    search = policy.search(prior=0.5, rate=0.5, probe_every=4, probe_steps=2)
+    # the prior's geometric estimates: 1, 1.5, 1.875, 1.99 tokens -> W=4 is best (1.44 tokens/cost)
+    assert search.window(2) == 4
+    search.observe(4, torch.tensor([4, 4]))  # W=4 turns out better than the prior said
+    assert search.tokens == {4: 4.0} and search.window(2) == 4
+    search.observe(4, torch.tensor([2, 4]))  # weight 1/2 on the second step: 3.5
+    assert search.tokens[4] == 3.5 and search.window(2) == 4
+    assert search.window(2) == 8  # step 4: probe the next larger window, for two steps
+    search.observe(8, torch.tensor([8, 8]))  # the window just grew: not counted
+    assert 8 not in search.tokens and search.window(2) == 8
+    search.observe(8, torch.tensor([8, 8]))  # 8 tokens for 2.0: better than 3.5 for 1.3
+    assert search.tokens[8] == 8.0 and search.window(2) == 8
+    for _ in range(3):
+        search.observe(8, torch.tensor([1, 1]))  # then W=8 stops paying: 8 -> 4.5 -> 2.75 -> 1.875
+    windows = [search.window(2) for _ in range(4)]
+    assert windows == [4, 2, 2, 4]  # back to 4; step 8 probes the next smaller for two steps
+
+
+def test_window_search_is_ar_when_drafts_never_pay():
+    search = WindowPolicy({32: {1: 1.0, 2: 1.8, 4: 3.0}}).search(prior=0.5, probe_every=3, probe_steps=2)
+    picks = []
+    for _ in range(12):
+        w = search.window(32)
+        picks.append(w)
+        search.observe(w, torch.ones(3, dtype=torch.long))  # nothing is ever accepted
+    assert picks.count(1) >= 6 and picks[-1] in (1, 2)
+
+
+# ---------------------------------------------------------------------------- measuring and policy
+
+def test_measure_times_each_window_at_one_start_after_a_warmup(clock):
+    model = FakeModel(clock)
+    costs = measure_window_costs(model, torch.zeros(3), 20, windows=(1, 2, 4, 8, 16, 32), repeats=3)
+    assert sorted(costs) == [1, 2, 4, 8, 16]  # 32 > max_new_tokens
+    for w, c in costs.items():
+        assert c == pytest.approx(3 * (1e-3 + 1e-4 * w))  # the warm-up is not in the median
+    start = win.window_start(20, [16])
+    assert start == 4 and model.calls[0] == (start, 0)  # the cache is filled once
+    assert all(s == start for _, s in model.calls[1:]) and len(model.calls) == 1 + 5 * 4
+
+
+def test_window_policy_is_ar_when_batched_drafts_are_costly(clock):
+    tables = {}
+    for rows in (1, 32):
+        model = FakeModel(clock, fixed=1.0 if rows == 1 else 0.002, per_token=0.01)
+        tables[rows] = measure_window_costs(model, torch.zeros(rows), 64, repeats=1)
+    policy = WindowPolicy(tables)
+    assert policy.costs(2) is policy.tables[32] and policy.costs(64) is policy.tables[32]
+    assert policy.costs(1) is policy.tables[1]
+    assert policy.search(prior=0.6).window(1) > 1  # forwards almost flat in W: speculate
+    assert policy.search(prior=0.6).window(32) == 1  # cost grows with W: plain AR is faster
+
+
+def test_measure_window_costs_on_tiny_llamagen():
+    model = tiny_llamagen(vocab_size=16, block_size=16, dtype=torch.float32)
+    prefix = torch.tensor([0, 1, 3, 3])  # two classes doubled with the null class, as with guidance
+    costs = measure_window_costs(model, prefix, 16, repeats=1)
+    assert sorted(costs) == [w for w in win.WINDOWS if w <= 16]
+    assert all(c > 0 for c in costs.values())
+
+
+def test_measure_window_costs_keeps_a_dynamic_cache_consistent():
+    from conftest import tiny_hf
+    from visualspec.models.hf import HFCausalLM
+
+    model = HFCausalLM(tiny_hf())
+    ids = torch.randint(2, 64, (2, 5))
+    costs = measure_window_costs(model, ids, 8, windows=(1, 2, 4), repeats=2)
+    assert sorted(costs) == [1, 2, 4] and all(c > 0 for c in costs.values())
+    assert model.cache.get_seq_length() == 5 + win.window_start(8, [4]) == 5 + 4
+
+
+# ---------------------------------------------------------------------------- disk cache
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = []
+
+    def fake_measure(model, prefix, max_new_tokens, windows, repeats=5):
+        calls.append((prefix.shape[0], tuple(windows)))
+        return {w: 1e-3 * w * prefix.shape[0] for w in windows}
+
+    monkeypatch.setattr(win, "measure_window_costs", fake_measure)
+    return calls
+
+
+def test_cost_cache_measures_once_then_reads(tmp_path, counted):
+    model = tiny_llamagen(vocab_size=16, block_size=16)
+    first = cached_window_costs(model, torch.zeros(4, dtype=torch.long), 16, cache_dir=tmp_path)
+    again = cached_window_costs(model, torch.zeros(4, dtype=torch.long), 16, cache_dir=tmp_path)
+    assert first == again and len(counted) == 1
+    assert sorted(first) == [w for w in win.WINDOWS if w <= 16]
+    stored = json.loads((tmp_path / "window_costs.json").read_text())
+    assert len(stored) == 1 and "rows=4" in next(iter(stored)) and "LlamaGenGPT" in next(iter(stored))
+    assert [p.name for p in tmp_path.iterdir()] == ["window_costs.json"]  # no temporary file left
+    # a subset of stored windows is read too; a window not stored is measured
+    assert cached_window_costs(model, torch.zeros(4, dtype=torch.long), 16, windows=(1, 4), cache_dir=tmp_path) \
+        == {1: first[1], 4: first[4]}
+    assert len(counted) == 1
+    cached_window_costs(model, torch.zeros(4, dtype=torch.long), 16, windows=(1, 5), cache_dir=tmp_path)
+    assert len(counted) == 2
+
+
+def test_cost_cache_keys_differ_by_batch_and_model(tmp_path, counted, monkeypatch):
+    model = tiny_llamagen(vocab_size=16, block_size=16)
+    small = cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16, cache_dir=tmp_path)
+    large = cached_window_costs(model, torch.zeros(32, dtype=torch.long), 16, cache_dir=tmp_path)
+    assert small != large and len(counted) == 2
+    other = tiny_llamagen(vocab_size=16, block_size=16, n_layer=3)
+    cached_window_costs(other, torch.zeros(2, dtype=torch.long), 16, cache_dir=tmp_path)
+    assert len(counted) == 3
+    monkeypatch.setenv("VISUALSPEC_CACHE", str(tmp_path))  # the same file through the environment
+    cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16)
+    assert len(counted) == 3
+    assert len(json.loads((tmp_path / "window_costs.json").read_text())) == 3
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"x": 3}', ""])
+def test_corrupt_cost_cache_is_measured_again(tmp_path, counted, content):
+    (tmp_path / "window_costs.json").write_text(content)
+    model = tiny_llamagen(vocab_size=16, block_size=16)
+    costs = cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16, cache_dir=tmp_path)
+    assert len(counted) == 1 and costs[1] > 0
+    assert cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16, cache_dir=tmp_path) == costs
+    assert len(counted) == 1
+
+
+def test_unwritable_cost_cache_only_warns(tmp_path, counted):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    model = tiny_llamagen(vocab_size=16, block_size=16)
+    with pytest.warns(UserWarning, match="could not write"):
+        costs = cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16, windows=(1, 2), cache_dir=blocker)
+    assert sorted(costs) == [1, 2] and len(counted) == 1

@@ -1,0 +1,237 @@
+"""The next-frame video stack: block-causal transformer with a frame cache, the samplers, NFD
+speculation bookkeeping, the pipeline's API and errors, export, and the training command."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from visualspec.models.frame_autoencoder import FrameAutoencoder
+from visualspec.models.nfd import NextFrameDiT
+from visualspec.pipelines import NextFramePipeline, VisualSpecPipeline, export_video
+from visualspec.video import VideoStats, WorldSession, denoise_frames, time_grid
+from visualspec.worlds import arena
+
+
+def tiny_dit(context_frames=3, seed=0):
+    torch.manual_seed(seed)
+    model = NextFrameDiT(latent_channels=4, latent_size=4, dim=32, depth=2, num_heads=2, context_frames=context_frames)
+    for p in model.parameters():  # adaLN-zero starts as the identity; make every path matter
+        torch.nn.init.normal_(p, std=0.1)
+    return model.eval()
+
+
+def test_cached_generation_equals_the_training_forward():
+    model = tiny_dit(context_frames=3)
+    B, F = 2, 7  # longer than the window, so the sliding window is exercised
+    x, taus, acts = torch.randn(B, F, 4, 4, 4), torch.rand(B, F), torch.randint(0, 6, (B, F))
+    with torch.no_grad():
+        full = model(x, taus, acts)
+        cache = model.new_cache()
+        one_by_one = torch.cat([model(x[:, f:f + 1], taus[:, f:f + 1], acts[:, f:f + 1], cache=cache, write=1)
+                                for f in range(F)], dim=1)
+        cache = model.new_cache()
+        first = model(x[:, :4], taus[:, :4], acts[:, :4], cache=cache, write=4)
+        rest = model(x[:, 4:], taus[:, 4:], acts[:, 4:], cache=cache, write=0)
+    torch.testing.assert_close(one_by_one, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1e-5, rtol=1e-5)
+    assert cache.frames == 3 and cache.next_frame == 4  # the cache holds only the window
+
+
+def test_attention_is_block_causal_with_a_window():
+    model = tiny_dit(context_frames=2)
+    x, taus, acts = torch.randn(1, 5, 4, 4, 4), torch.rand(1, 5), torch.zeros(1, 5, dtype=torch.long)
+    with torch.no_grad():
+        base = model(x, taus, acts)
+        later = x.clone()
+        later[:, 3, :, 0, 0] += 1.0  # one token of frame 3
+        changed = (model(later, taus, acts) - base).abs().amax(dim=(2, 3, 4))[0]
+        early = x.clone()
+        early[:, 0] += 1.0
+        from_first = (model(early, taus, acts) - base).abs().amax(dim=(2, 3, 4))[0]
+    assert torch.all(changed[:3] == 0) and torch.all(changed[3:] > 0)  # earlier frames never see later ones
+    tokens = (model(later, taus, acts) - base).abs().amax(dim=2)[0, 3]
+    assert torch.all(tokens > 0)  # bidirectional inside the frame: every token of frame 3 moved
+    assert torch.all(from_first > 0)  # through two layers frame 0 reaches frame 4 (window 2 per layer)
+    one_layer = tiny_dit(context_frames=2)
+    one_layer.blocks = one_layer.blocks[:1]
+    with torch.no_grad():
+        direct = (one_layer(early, taus, acts) - one_layer(x, taus, acts)).abs().amax(dim=(2, 3, 4))[0]
+    assert torch.all(direct[:3] > 0) and torch.all(direct[3:] == 0)  # one layer: at most 2 frames back
+
+
+def test_actions_and_times_condition_each_frame():
+    model = tiny_dit()
+    x, taus = torch.randn(1, 2, 4, 4, 4), torch.rand(1, 2)
+    with torch.no_grad():
+        a = model(x, taus, torch.tensor([[5, 1]]))
+        b = model(x, taus, torch.tensor([[5, 2]]))
+        c = model(x, taus + torch.tensor([[0.0, 0.3]]), torch.tensor([[5, 1]]))
+    assert torch.equal(a[:, 0], b[:, 0]) and not torch.allclose(a[:, 1], b[:, 1])
+    assert torch.equal(a[:, 0], c[:, 0]) and not torch.allclose(a[:, 1], c[:, 1])
+
+
+class OracleModel(torch.nn.Module):
+    """A 'model' that knows the clean frame: v = (x - target) / tau, the exact flow velocity."""
+
+    def __init__(self, target, context_frames=4):
+        super().__init__()
+        self.target = target
+        self.config = type("C", (), dict(latent_channels=target.shape[0], latent_size=target.shape[1],
+                                         context_frames=context_frames))()
+        self.calls = []
+        self.no_action = 5
+
+    device = torch.device("cpu")
+
+    def new_cache(self):
+        return {"written": 0}
+
+    def forward(self, x, taus, actions, cache=None, write=0):
+        self.calls.append((x.shape[1], write, actions.tolist()))
+        cache["written"] += write
+        t = taus[:, :, None, None, None].clamp(min=1e-6)
+        return (x - self.target[None, None]) / t
+
+
+@pytest.mark.parametrize("sampler,steps", [("flow", 1), ("flow", 5), ("consistency", 1), ("consistency", 3)])
+def test_samplers_recover_the_clean_frame_with_an_exact_velocity(sampler, steps):
+    target = torch.randn(2, 4, 4)
+    model = OracleModel(target)
+    out, forwards = denoise_frames(model, model.new_cache(), torch.zeros(1, 3, dtype=torch.long), steps, sampler,
+                                   generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out, target.expand(1, 3, -1, -1, -1), atol=1e-4, rtol=1e-4)
+    assert forwards == steps
+
+
+def test_time_grids_and_their_errors():
+    assert time_grid(4, "flow") == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert time_grid(2, "consistency") == [1.0, 0.5]
+    with pytest.raises(ValueError, match="steps"):
+        time_grid(0, "flow")
+    with pytest.raises(ValueError, match="sampler"):
+        time_grid(1, "ddim")
+
+
+def test_speculation_shows_buffered_frames_while_the_action_persists_and_discards_on_change():
+    model = OracleModel(torch.zeros(2, 4, 4))
+    first = (torch.zeros(1, 2, 2, 4, 4), torch.tensor([[5, 0]]))
+    session = WorldSession(model, lambda z: [f"frame{i}" for i in range(len(z))], first, steps=1,
+                           sampler="consistency", speculate=3, action_index=arena.action_index)
+    for action in ["right", "right", "right", "right", "up", "up", "right"]:
+        session.step(action)
+    s = session.stats
+    # calls: right x3 (frames 1-3), right (frame 4, buffers 5-6), up (discard 2; frames 5-7), right (discard 1)
+    assert s.generation_calls == 4 and s.frames == 7
+    assert s.hits == 3 and s.discarded == 3 and s.speculated == 8 and s.hit_rate == 0.5
+    # every call commits exactly the frames shown since the previous one (the opening first)
+    assert [c[1] for c in model.calls] == [2, 3, 1, 2]
+    assert [c[2][0][c[1]:] for c in model.calls] == [[4] * 3, [4] * 3, [1] * 3, [4] * 3]
+    assert model.new_cache is not None and s.model_forwards == 4
+
+
+def test_speculation_off_generates_one_frame_per_call():
+    model = OracleModel(torch.zeros(2, 4, 4))
+    session = WorldSession(model, lambda z: list(z), (torch.zeros(1, 1, 2, 4, 4), torch.tensor([[5]])), steps=2,
+                           sampler="flow", speculate=1, action_index=arena.action_index)
+    for _ in range(4):
+        session.step("none")
+    assert session.stats.generation_calls == 4 and session.stats.model_forwards == 8
+    assert np.isnan(session.stats.hit_rate)
+    with pytest.raises(ValueError, match="speculate"):
+        WorldSession(model, list, (torch.zeros(1, 1, 2, 4, 4), torch.tensor([[5]])), speculate=9)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    torch.manual_seed(0)
+    ae = FrameAutoencoder(channels=(8, 8, 8), latent_channels=4)
+    model = NextFrameDiT(latent_channels=4, latent_size=8, dim=32, depth=1, num_heads=2, context_frames=4)
+    teacher = NextFrameDiT(latent_channels=4, latent_size=8, dim=32, depth=1, num_heads=2, context_frames=4)
+    p = NextFramePipeline(transformer=model.eval(), autoencoder=ae.eval(), teacher=teacher.eval())
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def test_pipeline_generates_frames_with_stats(pipe):
+    out = pipe(actions=["right"] * 5 + ["up"] * 3, seed=0, speculate=4)
+    assert len(out.frames) == 8 and out.frames[0].shape == (64, 64, 3) and out.frames[0].dtype == np.uint8
+    assert isinstance(out.stats, VideoStats) and out.stats.frames == 8 and out.stats.hits > 0
+    again = pipe(actions=["right"] * 5 + ["up"] * 3, seed=0, speculate=4)
+    assert all(np.array_equal(a, b) for a, b in zip(out.frames, again.frames))  # seeded
+    pt = pipe(num_frames=3, seed=1, use_teacher=True, steps=2, output_type="pt")
+    assert pt.frames.shape == (3, 3, 64, 64) and pt.stats.model_forwards == 6
+    pil = pipe(num_frames=2, seed=1, output_type="pil")
+    assert pil.frames[0].size == (64, 64)
+
+
+def test_interactive_session_steps_frames(pipe):
+    session = pipe.interactive(seed=3, speculate=2)
+    assert len(session.opening) == 2 and np.array_equal(session.opening[0], arena.render(arena.reset(np.random.default_rng(3))))
+    frames = [session.step(a) for a in ["left", "left", 0, "down"]]
+    assert all(f.shape == (64, 64, 3) for f in frames) and session.stats.frames == 4
+
+
+def test_pipeline_errors_name_the_problem(pipe, tmp_path):
+    with pytest.raises(ValueError, match="jump"):
+        pipe(actions=["left", "jump"])
+    with pytest.raises(ValueError, match="num_frames"):
+        pipe(num_frames=0)
+    with pytest.raises(ValueError, match="num_frames"):
+        pipe(actions=["left"], num_frames=3)
+    with pytest.raises(ValueError, match="output_type"):
+        pipe(num_frames=1, output_type="mp4")
+    with pytest.raises(ValueError, match="jump"):
+        pipe.interactive(seed=0).step("jump")
+    with pytest.raises(ValueError, match="speculate"):
+        pipe.interactive(speculate=0)
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "LlamaGenPipeline"}))
+    with pytest.raises(ValueError, match="not a NextFramePipeline"):
+        NextFramePipeline.from_pretrained(tmp_path)
+
+
+def test_save_load_round_trip_and_export(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path / "world")
+    loaded = VisualSpecPipeline.from_pretrained(tmp_path / "world")
+    assert isinstance(loaded, NextFramePipeline) and loaded.teacher is not None
+    loaded.set_progress_bar_config(disable=True)
+    a = pipe(num_frames=3, seed=5).frames
+    b = loaded(num_frames=3, seed=5).frames
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    for suffix in ("gif", "mp4"):
+        path = export_video(a, tmp_path / f"clip.{suffix}")
+        assert path.stat().st_size > 0
+    import imageio.v2 as imageio
+
+    assert len(imageio.mimread(tmp_path / "clip.gif")) == 3
+    with pytest.raises(ValueError, match="mp4 or .gif"):
+        export_video(a, tmp_path / "clip.avi")
+
+
+def test_training_command_runs_and_resumes(tmp_path):
+    from visualspec.training.arena import ArenaTrainingConfig, train_arena
+
+    cfg = ArenaTrainingConfig(ae_channels=(8, 8, 8), latent_channels=4, ae_steps=3, ae_batch=2, episodes=4,
+                              episode_frames=10, dim=32, depth=1, heads=2, steps=3, batch=2, distill_steps=2)
+    pipe = train_arena(str(tmp_path / "out"), str(tmp_path / "work"), cfg, progress=False)
+    assert isinstance(pipe, NextFramePipeline) and pipe.autoencoder.config.scaling_factor != 1.0
+    meta = json.loads((tmp_path / "work" / "distill" / "meta.json").read_text())
+    assert meta["step"] == 2
+    train_arena(str(tmp_path / "out2"), str(tmp_path / "work"), cfg, progress=False)  # resumes: nothing left
+    with pytest.raises(ValueError, match="another configuration"):
+        train_arena(str(tmp_path / "out3"), str(tmp_path / "work"), ArenaTrainingConfig(steps=4), progress=False)
+
+
+def test_loss_weights_favour_moving_cells_and_can_drop_clean_context():
+    from visualspec.training.arena import ArenaTrainingConfig, loss_weights
+
+    x0 = torch.zeros(1, 3, 2, 4, 4)
+    x0[0, 1, :, 2, 3] = 1.0  # one cell appears in frame 1 (and disappears in frame 2)
+    taus = torch.tensor([[0.01, 0.5, 0.7]])  # frame 0 is near-clean context
+    plain = loss_weights(x0, taus, ArenaTrainingConfig(motion_weight=0.0, context_weight=1.0))
+    assert plain.shape == (1, 3, 1, 4, 4) and torch.equal(plain, torch.ones_like(plain))  # the plain MSE
+    w = loss_weights(x0, taus, ArenaTrainingConfig())  # the defaults: motion_weight 4, context_weight 0
+    assert torch.all(w[0, 0] == 0)  # context frame: no loss
+    for frame in (1, 2):
+        assert w[0, frame, 0, 2, 3] == 5 and w[0, frame].sum() == 5 + 15  # the changed cell weighs 1 + 4

@@ -1,0 +1,180 @@
+"""Turning logits into the distributions that drafts are sampled from and verified against.
+
+Every distribution in visualspec, target or draft, goes through :meth:`SamplingConfig.probs`, so the
+acceptance test always compares a draft token against exactly the distribution it was sampled from
+(after guidance, the epsilon cut-off, temperature, top-k and top-p), never against raw logits.
+
+Randomness is explicit: every random draw takes a ``generator`` that is ``None``, one
+``torch.Generator`` for the whole batch, or a list with one generator per batch row (the diffusers
+convention for per-image reproducibility).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+
+Generator = Union[None, torch.Generator, Sequence[torch.Generator]]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How logits become a distribution.
+
+    - ``guidance_scale`` s: classifier-free guidance ``uncond + s * (cond - uncond)``. When ``s != 1``
+      the model batch is ``[cond; uncond]`` (2B rows) and :meth:`probs` returns B rows. ``s == 1``
+      means no guidance and a plain batch of B rows.
+    - ``temperature`` T: logits / T. ``T == 0`` means greedy decoding: :meth:`probs` returns the
+      one-hot distribution of the argmax.
+    - ``top_k`` k: keep the k largest logits (0 keeps all).
+    - ``top_p`` p: keep the smallest set of tokens whose probability reaches p (1.0 keeps all).
+    - ``epsilon_cutoff`` ε: drop every token whose probability under the *conditional* model
+      (softmax of the cond logits, before guidance and temperature) is below ε; the conditional's
+      most likely token always stays (0 keeps all). Without guidance this is epsilon sampling
+      (Hewitt et al., 2022). With guidance it keeps ``s * (cond - uncond)`` from promoting tokens
+      the conditional model itself finds implausible: guidance weights a token's conditional
+      probability by its cond/uncond ratio to the power s - 1, and that ratio can be large for a
+      token of tiny conditional probability. The cut-off reads the conditional, not the guided,
+      distribution, so among the tokens the conditional model finds plausible guidance still
+      favours those the condition makes likelier.
+
+    Order: guidance, epsilon cut-off, temperature, top-k, top-p.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    guidance_scale: float = 1.0
+    epsilon_cutoff: float = 0.0
+
+    def __post_init__(self):
+        check_sampling_args(self.temperature, self.top_k, self.top_p, self.guidance_scale, self.epsilon_cutoff)
+
+    @property
+    def uses_guidance(self) -> bool:
+        return self.guidance_scale != 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def model_batch(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-row values (B, ...) -> the model's rows: under guidance the batch is [cond; uncond]
+        (2B rows, row b and row B + b are one sample), so the values are repeated; else unchanged.
+        The one place this layout is written (:meth:`guide` reads it back)."""
+        return torch.cat([x, x]) if self.uses_guidance else x
+
+    def model_rows(self, rows: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """Row indices of a batch of ``batch_size`` -> the model's row indices (both halves under
+        guidance, as :meth:`model_batch` lays them out)."""
+        return torch.cat([rows, rows + batch_size]) if self.uses_guidance else rows
+
+    def draw(self, probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
+        """A token from each distribution of ``probs`` (..., V): the most probable when greedy,
+        else a sample (:func:`sample`)."""
+        return probs.argmax(-1) if self.greedy else sample(probs, generator)
+
+    def guide(self, logits: torch.Tensor) -> torch.Tensor:
+        """Apply classifier-free guidance: rows [cond; uncond] (2B) -> B rows."""
+        if not self.uses_guidance:
+            return logits
+        cond, uncond = logits.float().chunk(2, dim=0)
+        return uncond + self.guidance_scale * (cond - uncond)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits (2B or B, ..., V) -> probabilities (B, ..., V) in float32."""
+        guided = self.guide(logits).float()
+        if self.epsilon_cutoff > 0:
+            cond = logits.chunk(2, dim=0)[0] if self.uses_guidance else logits
+            guided = filter_epsilon(guided, cond, self.epsilon_cutoff)
+        if self.greedy:
+            return torch.nn.functional.one_hot(guided.argmax(-1), guided.shape[-1]).float()
+        guided = filter_top_k_top_p(guided / self.temperature, self.top_k, self.top_p)
+        return torch.softmax(guided, dim=-1)
+
+
+def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float,
+                        epsilon_cutoff: float = 0.0) -> None:
+    """Raise a ValueError naming the first bad sampling argument."""
+    if temperature is None or temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
+    if top_k is None or int(top_k) != top_k or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {top_k!r}")
+    if top_p is None or not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if guidance_scale is None or guidance_scale < 0:
+        raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale!r}")
+    if epsilon_cutoff is None or not (0.0 <= epsilon_cutoff < 1.0):
+        raise ValueError(f"epsilon_cutoff must be in [0, 1) (0 disables it), got {epsilon_cutoff!r}")
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k and outside the top-p nucleus to -inf (any leading shape).
+
+    The nucleus is the smallest prefix of tokens, sorted by probability, whose mass reaches
+    ``top_p``; the most likely token is always kept.
+    """
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # drop a token when the mass before it already reaches top_p
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def filter_epsilon(logits: torch.Tensor, reference_logits: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Set ``logits`` to -inf where ``softmax(reference_logits) < epsilon``, except at the
+    reference's most likely token, which always stays (same shapes)."""
+    reference = torch.softmax(reference_logits.float(), dim=-1)
+    drop = reference < epsilon
+    drop.scatter_(-1, reference.argmax(-1, keepdim=True), False)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Random draws with an explicit generator (one for the batch, or one per row)
+# ----------------------------------------------------------------------------------------------
+
+
+def uniform(shape: Sequence[int], generator: Generator = None, device=None) -> torch.Tensor:
+    """U[0, 1) draws of ``shape`` (float64); row b uses ``generator[b]`` when a list is given."""
+    shape = tuple(shape)
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != shape[0]:
+            raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
+        rows = [torch.rand(shape[1:], generator=g, device=g.device, dtype=torch.float64) for g in generator]
+        out = torch.stack(rows)
+    else:
+        gen_device = generator.device if generator is not None else "cpu"
+        out = torch.rand(shape, generator=generator, device=gen_device, dtype=torch.float64)
+    return out.to(device) if device is not None else out
+
+
+def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
+    """One draw from each categorical distribution in ``probs`` (B, ..., V) -> (B, ...) long.
+
+    Inverse-CDF sampling in float64 with one uniform per draw: it never returns a token of zero
+    probability, works with per-row generators and is reproducible for a given generator state.
+    """
+    u = uniform(probs.shape[:-1], generator, device=probs.device)
+    cdf = probs.double().cumsum(-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def make_generator(seed: int | None = None, generator: Generator = None, device="cpu") -> Generator:
+    """The generator to use for a call: an explicit generator wins, else one seeded with ``seed``."""
+    if generator is not None:
+        return generator
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(int(seed))

@@ -1,0 +1,378 @@
+"""How many tokens each decode step feeds the target: the window W.
+
+A step with window W feeds the last committed token and W - 1 drafts and costs c(W) seconds (one
+target forward at the current model batch). If draft i (1-based) is accepted with probability
+alpha_i given that drafts 1..i-1 were, a row commits on average
+
+    E(W) = 1 + sum_{i=1}^{W-1} prod_{j=1}^{i} alpha_j        tokens per step,
+
+so decoding runs at E(W) / c(W) tokens per second (per row; the batch size is the same for every
+W). Plain autoregressive decoding is W = 1: E(1) = 1 token for c(1). Choosing
+
+    W* = argmax_W E(W) / c(W)        over windows that include W = 1
+
+is therefore never slower than AR under the estimates. The costs depend on the machine and the
+batch: at batch 1, or on a GPU, c(W) barely grows with W, while on a CPU at batch 16 a W-token
+forward costs several times a 1-token one, and speculation only pays with high acceptance.
+
+- :func:`measure_window_costs` times ``forward_window`` for each W; :func:`cached_window_costs`
+  keeps those tables on disk, per model, machine, thread count and batch size;
+- :class:`WindowPolicy` holds the tables, and its :class:`WindowSearch` picks each step's W in a
+  decode call from the tokens per step each window has given so far (:func:`choose_window` is the
+  same choice for a constant acceptance).
+
+Only the token-model protocol of :class:`visualspec.core.engine.TokenModel` is used (``prefill``,
+``forward_window``, ``crop``). Measuring runs ``prefill``, so it resets the model's cache: measure
+before decoding, never in the middle of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+WINDOWS = (1, 2, 4, 8, 16, 32)  # the candidates (docs/experiments/2026-11-25-window-search.md)
+CACHE_FILE = "window_costs.json"
+_clock = time.perf_counter  # one name, so tests can swap in a fake clock
+
+
+# ---------------------------------------------------------------------------- measuring costs
+
+def window_start(max_new_tokens: int, windows: Sequence[int]) -> int:
+    """The generated position the timed windows start at: the middle of the sequence, moved back
+    so that the largest window fits, ``max(0, min(N // 2, N - max(windows)))``."""
+    return max(0, min(max_new_tokens // 2, max_new_tokens - max(windows)))
+
+
+@torch.no_grad()
+def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
+                         repeats: int = 5, forward: Callable | None = None,
+                         start: int | None = None) -> dict[int, float]:
+    """Seconds per ``forward_window`` call for each window W <= ``max_new_tokens`` of ``windows``.
+
+    The model batch is the one ``prefix`` gives (with guidance, the doubled batch). The cache is
+    filled up to ``start`` (default :func:`window_start`) once, then each W gets one warm-up call
+    and ``repeats`` timed calls of W tokens (all token id 0) at that start, in rounds over all W,
+    each call followed by ``crop(start)``; the cost is the median of the timed calls. ``forward`` (default
+    ``model.forward_window``) is the callable timed instead, e.g. a ``torch.compile``'d one; the
+    cache is always filled by ``model.forward_window``. Leaves junk in the model's cache: prefill
+    again before decoding.
+    """
+    windows = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
+    if not windows:
+        raise ValueError(f"no window in 1..{max_new_tokens} (max_new_tokens) to measure")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    start = window_start(max_new_tokens, windows) if start is None else start
+    if not 0 <= start <= max_new_tokens - windows[-1]:
+        raise ValueError(f"start {start} leaves no room for W = {windows[-1]} in {max_new_tokens} tokens")
+    forward = forward or model.forward_window
+    first = model.prefill(prefix, max_new_tokens)
+    rows, device = first.shape[0], first.device
+    if start:
+        model.forward_window(torch.zeros(rows, start, dtype=torch.long, device=device), 0)
+    times = {w: [] for w in windows}
+    for _ in range(repeats + 1):  # round one is the warm-up; rounds interleave the windows, so a
+        for w in windows:         # passing slowdown of a shared machine hits them all alike
+            tokens = torch.zeros(rows, w, dtype=torch.long, device=device)
+            _synchronize(device)
+            t0 = _clock()
+            forward(tokens, start)
+            _synchronize(device)
+            times[w].append(_clock() - t0)
+            model.crop(start)
+    return {w: statistics.median(t[1:]) for w, t in times.items()}
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for queued kernels on an accelerator (CUDA, MPS, XPU); nothing on a CPU."""
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize()
+
+
+# ---------------------------------------------------------------------------- choosing W
+
+def _alphas(acceptance, n: int) -> list[float]:
+    """alpha_1..alpha_n from a constant, or a sequence (whose last value is reused beyond its end)."""
+    if n <= 0:
+        return []
+    if isinstance(acceptance, (int, float)):
+        values = [float(acceptance)]
+    else:
+        values = [float(a) for a in acceptance]
+    if not values:
+        raise ValueError("the acceptance profile is empty")
+    if any(not 0.0 <= a <= 1.0 for a in values):
+        raise ValueError(f"acceptance probabilities must lie in [0, 1], got {values}")
+    return (values + [values[-1]] * n)[:n]
+
+
+def expected_tokens(acceptance, window: int) -> float:
+    """Expected tokens one step with window W commits per row:
+    ``E(W) = 1 + sum_{i=1}^{W-1} prod_{j=1}^{i} alpha_j``.
+
+    ``acceptance`` is alpha_1, alpha_2, ... (a sequence; positions beyond it reuse its last
+    value), or one constant alpha.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    total, run = 1.0, 1.0
+    for a in _alphas(acceptance, window - 1):
+        run *= a
+        total += run
+    return total
+
+
+def choose_window(costs: Mapping[int, float], acceptance, max_window: int | None = None) -> int:
+    """The W of ``costs`` (W -> seconds per step) with the most tokens per second,
+    ``argmax_W E(W) / c(W)`` (:func:`expected_tokens`); ties (to a relative 1e-9) go to the
+    smaller W. ``costs`` must hold W = 1, the AR baseline, so the choice is never expected to be
+    slower than AR. ``max_window`` leaves out larger windows (e.g. near the end of a sequence).
+
+    The costs should be whole steps: a measured table holds the target forward only, which is
+    the step for Jacobi drafts (SJD, LANTERN); a draft model's own forwards would have to be added.
+    """
+    if 1 not in costs:
+        raise ValueError("costs must include W = 1 (plain AR), the baseline a window must beat")
+    if any(not c > 0 for c in costs.values()):
+        raise ValueError(f"costs must be positive seconds, got {dict(costs)}")
+    windows = sorted(w for w in costs if max_window is None or w <= max_window)
+    alphas = _alphas(acceptance, windows[-1] - 1)
+    best, best_rate = 1, 1.0 / costs[1]
+    for w in windows[1:]:
+        rate = expected_tokens(alphas[:w - 1], w) / costs[w]
+        if rate > best_rate and not math.isclose(rate, best_rate, rel_tol=1e-9):
+            best, best_rate = w, rate
+    return best
+
+
+class WindowSearch:
+    """The window of each step of one decode call, learned as the call goes.
+
+    For every window W of the cost table, ``t(W)`` is the mean tokens a row committed per step
+    in the steps that used W (a running mean, whose weight on a new step never falls below
+    ``rate``, so it follows the image); a window not used yet has the geometric estimate of
+    :func:`expected_tokens` with a constant acceptance ``prior``. Each step takes
+    ``argmax_W t(W) / c(W)`` (ties to the smaller W), except that every ``probe_every`` steps it
+    tries the chosen window's neighbour in the table (alternately the next larger and the next
+    smaller) for ``probe_steps`` steps, so the windows around the choice stay measured and the
+    search cannot stick where it started.
+
+    Jacobi acceptance is not stationary in W: a larger window carries more predicted positions
+    into the next step, so the first step after the window grew commits less than that window
+    will once warm. t(W) is therefore measured per window (not extrapolated from per-position
+    acceptance), and a step whose window is larger than the previous step's is not counted.
+    Deterministic: it depends only on the committed counts it was shown.
+    """
+
+    def __init__(self, policy: "WindowPolicy", prior: float = 0.7, rate: float = 0.1, probe_every: int = 8,
+                 probe_steps: int = 3):
+        if not 0.0 <= prior < 1.0:
+            raise ValueError(f"prior must be in [0, 1), got {prior}")
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"rate must be in (0, 1], got {rate}")
+        if not 2 <= probe_steps < probe_every:
+            raise ValueError(f"need 2 <= probe_steps < probe_every, got {probe_steps} and {probe_every}")
+        self.policy, self.prior, self.rate, self.probe_every = policy, prior, rate, probe_every
+        self.probe_steps = probe_steps
+        self.tokens: dict[int, float] = {}  # W -> tokens per row-step seen with W
+        self.seen: dict[int, int] = {}  # W -> steps that used W
+        self.steps = 0
+        self.probe: list[int] = []  # windows still to take in the current probe
+        self.previous = None  # the window of the step before
+
+    def estimate(self, window: int) -> float:
+        """t(W): measured tokens per row-step with this window, else the prior's estimate."""
+        return self.tokens.get(window, expected_tokens(self.prior, window))
+
+    def window(self, model_rows: int) -> int:
+        """The window of the next step at ``model_rows`` model rows."""
+        costs = self.policy.costs(model_rows)
+        windows = sorted(costs)
+        best = max(windows, key=lambda w: (self.estimate(w) / costs[w], -w))
+        self.steps += 1
+        if self.steps % self.probe_every == 0:
+            i = windows.index(best) + (1 if (self.steps // self.probe_every) % 2 else -1)
+            if 0 <= i < len(windows):
+                self.probe = [windows[i]] * self.probe_steps
+        return self.probe.pop(0) if self.probe else best
+
+    def observe(self, window: int, committed) -> None:
+        """A step with ``window`` committed ``committed`` (b,) tokens in its rows."""
+        cold, self.previous = self.previous is not None and window > self.previous, window
+        if cold:  # the window just grew: its carried drafts are not warm yet
+            return
+        mean = float(torch.as_tensor(committed, dtype=torch.float64).mean())
+        n = self.seen[window] = self.seen.get(window, 0) + 1
+        old = self.tokens.get(window, mean)
+        self.tokens[window] = old + max(1.0 / n, self.rate) * (mean - old)
+
+
+class WindowPolicy:
+    """Picks each step's window from measured cost tables, ``{model_rows: {W: seconds}}``.
+
+    ``model_rows`` is the model batch (2B rows with classifier-free guidance). A batch that was not
+    measured uses the table of the nearest measured batch at or above it, else the largest one.
+    A user-fixed window simply does not use a policy.
+    """
+
+    def __init__(self, tables: Mapping[int, Mapping[int, float]]):
+        if not tables:
+            raise ValueError("a window policy needs at least one cost table")
+        self.tables = {int(r): {int(w): float(c) for w, c in t.items()} for r, t in tables.items()}
+        for rows, costs in self.tables.items():
+            if 1 not in costs:
+                raise ValueError(f"the cost table for {rows} rows lacks W = 1 (plain AR)")
+
+    @classmethod
+    def measured(cls, model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
+                 cache_dir: str | os.PathLike | None = None) -> "WindowPolicy":
+        """A policy with one table, for the batch of ``prefix``, from :func:`cached_window_costs`
+        (which may run ``prefill``: call it before decoding)."""
+        rows = prefix_rows(prefix)
+        return cls({rows: cached_window_costs(model, prefix, max_new_tokens, windows, cache_dir)})
+
+    def costs(self, model_rows: int) -> dict[int, float]:
+        """The cost table used at ``model_rows`` rows."""
+        above = [r for r in self.tables if r >= model_rows]
+        return self.tables[min(above) if above else max(self.tables)]
+
+    def search(self, **kwargs) -> WindowSearch:
+        """A fresh :class:`WindowSearch` over these tables, for one decode call."""
+        return WindowSearch(self, **kwargs)
+
+
+# ---------------------------------------------------------------------------- the disk cache
+
+def prefix_rows(prefix: Any) -> int:
+    """The model batch of a prefix: rows of a tensor, or of the first tensor of a tuple, list or dict."""
+    if isinstance(prefix, torch.Tensor):
+        return int(prefix.shape[0])
+    if isinstance(prefix, Mapping) and prefix:
+        return prefix_rows(next(iter(prefix.values())))
+    if isinstance(prefix, (tuple, list)) and prefix:
+        return prefix_rows(prefix[0])
+    raise TypeError(f"cannot tell the batch size of a prefix of type {type(prefix).__name__}")
+
+
+def machine_name(device: torch.device | str = "cpu") -> str:
+    """The accelerator's name, or the CPU's model name (``/proc/cpuinfo``), else
+    ``platform.processor()`` or ``platform.machine()``."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _modules(model) -> list[Any]:
+    """The model and the object it wraps (adapters such as HFCausalLM keep it as ``.model``)."""
+    inner = getattr(model, "model", None)
+    return [model] if inner is None else [model, inner]
+
+
+def _config_text(model) -> str:
+    """A stable text of the model's configuration (``config`` as a dict, keys starting with '_'
+    left out), else of its parameter shapes."""
+    for obj in _modules(model):
+        config = getattr(obj, "config", None)
+        if hasattr(config, "to_dict"):
+            config = config.to_dict()
+        if isinstance(config, Mapping):
+            return json.dumps({k: v for k, v in config.items() if not str(k).startswith("_")},
+                              sort_keys=True, default=str)
+    for obj in _modules(model):
+        if isinstance(obj, torch.nn.Module):
+            return repr([(name, tuple(p.shape)) for name, p in obj.named_parameters()])
+    return ""
+
+
+def cost_signature(model, rows: int, max_new_tokens: int) -> str:
+    """The cache key of a cost table: model class, a hash of its config, parameter dtype, device
+    type, machine, torch threads, torch version, model batch rows and ``max_new_tokens``."""
+    param = next((p for obj in _modules(model) if isinstance(obj, torch.nn.Module)
+                  for p in obj.parameters()), None)
+    dtype, device = (str(param.dtype), param.device) if param is not None else ("unknown", torch.device("cpu"))
+    config = hashlib.sha256(_config_text(model).encode()).hexdigest()[:16]
+    return "|".join([type(model).__name__, f"config={config}", dtype.replace("torch.", ""), device.type,
+                     machine_name(device), platform.machine(), f"threads={torch.get_num_threads()}",
+                     f"torch={torch.__version__}", f"rows={rows}", f"new={max_new_tokens}"])
+
+
+def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``window_costs.json`` under ``cache_dir``, ``$VISUALSPEC_CACHE`` or ``~/.cache/visualspec``."""
+    folder = cache_dir or os.environ.get("VISUALSPEC_CACHE") or Path.home() / ".cache" / "visualspec"
+    return Path(folder) / CACHE_FILE
+
+
+def _read_tables(path: Path) -> dict[str, dict[int, float]]:
+    """The cost tables stored at ``path``; a missing or corrupt file or entry reads as nothing."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    tables = {}
+    for key, table in data.items() if isinstance(data, dict) else ():
+        try:
+            table = {int(w): float(c) for w, c in table.items()}
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if table and all(w >= 1 and c > 0 for w, c in table.items()):
+            tables[key] = table
+    return tables
+
+
+def _write_tables(path: Path, tables: Mapping[str, Mapping[int, float]]) -> None:
+    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({k: {str(w): c for w, c in sorted(t.items())} for k, t in sorted(tables.items())},
+                      f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
+                        cache_dir: str | os.PathLike | None = None, repeats: int = 5) -> dict[int, float]:
+    """:func:`measure_window_costs`, kept in ``window_costs.json`` (:func:`cache_path`) under the
+    key :func:`cost_signature`. A stored table that holds every wanted W is returned without
+    measuring; otherwise all wanted W are measured together (one consistent table), and the file
+    is rewritten atomically. A corrupt file is ignored and replaced; a failed write only warns.
+    """
+    wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
+    path = cache_path(cache_dir)
+    key = cost_signature(model, prefix_rows(prefix), max_new_tokens)
+    stored = _read_tables(path).get(key, {})
+    if wanted and all(w in stored for w in wanted):
+        return {w: stored[w] for w in wanted}
+    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats)
+    tables = _read_tables(path)  # again: another process may have written meanwhile
+    tables[key] = {**tables.get(key, {}), **measured}
+    try:
+        _write_tables(path, tables)
+    except OSError as e:
+        warnings.warn(f"could not write the window cost cache {path}: {e}")
+    return measured

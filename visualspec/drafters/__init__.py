@@ -1,0 +1,21 @@
+"""Drafters: where draft tokens and their draft distributions come from.
+
+A drafter proposes up to ``k`` tokens after the ``n`` committed ones and says, for each, the
+distribution q it was sampled from (``None`` when every draft is deterministic). After the target
+has verified them, :meth:`Drafter.observe` tells the drafter what happened, so that self-drafting
+(Jacobi) can reuse the target's own predictions and a draft model can roll its cache back.
+
+Model-free drafters: :class:`NGramDrafter` (prompt lookup, deterministic drafts) and
+:class:`StandDrafter` (a stochastic n-gram memory of the target's own distributions). Draft-model
+drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft model whose LM head is
+restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`).
+"""
+
+from ..core.engine import Drafter
+from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
+from .jacobi import INIT_SCHEMES, JacobiDrafter, coupled_redraft
+from .ngram import NGramDrafter
+from .stand import StandDrafter
+
+__all__ = ["Drafter", "JacobiDrafter", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
+           "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter"]

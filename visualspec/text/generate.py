@@ -1,0 +1,224 @@
+"""Speculative decoding for Hugging Face causal language models, on the image pipelines' core.
+
+    out = generate_text(model, tokenizer, "def fib(n):", drafter="ngram", max_new_tokens=64, temperature=0)
+    out.text, out.token_ids, out.stats
+
+The target is wrapped as a token model (:class:`visualspec.models.hf.HFCausalLM`) and decoded by the one
+engine (:func:`visualspec.core.engine.decode`) with the verification rules of :mod:`visualspec.core.verify`;
+nothing here re-implements a rule. Drafters:
+
+- a transformers model (a smaller one with the same vocabulary): :class:`DraftModelDrafter`; with
+  ``draft_vocab`` its LM head is trimmed to a kept set of tokens (VocabTrim,
+  :class:`visualspec.drafters.VocabTrimDrafter`);
+- ``"ngram"``: prompt lookup (:class:`visualspec.drafters.NGramDrafter`), deterministic drafts;
+- ``"jacobi"``: Jacobi self-drafting (:class:`visualspec.drafters.JacobiDrafter`);
+- ``"stand"``: stochastic drafts from an n-gram memory of the target's own distributions (STAND,
+  :class:`visualspec.drafters.StandDrafter`).
+
+``acceptance="exact"`` is lossless speculative sampling (greedy matching at ``temperature=0``);
+``"typical"`` is Medusa's typical acceptance (lossy).
+
+Generation stops at ``max_new_tokens``; the text and ``token_ids`` end at the first end-of-sequence
+token, as transformers' ``generate`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from ..drafters import (DraftModelDrafter, JacobiDrafter, NGramDrafter, StandDrafter, VocabTrimDrafter,
+                       frequent_tokens, kept_token_ids)
+from ..core.engine import decode, decode_tree, default_rule
+from ..models.hf import HFCausalLM
+from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
+from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
+from ..core.stats import DecodeStats
+from ..core.verify import typical_verify
+
+DRAFTERS = ("ngram", "jacobi", "stand")
+ACCEPTANCE = ("exact", "typical")
+
+
+@dataclass
+class TextOutput:
+    """``text``: the new text (a string, or a list for a list of prompts); ``token_ids``: the new
+    tokens of each row up to and including the first EOS; ``stats``: the decode statistics."""
+
+    text: str | list[str]
+    token_ids: list[list[int]]
+    stats: DecodeStats
+
+
+def _vocab_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def _encode(tokenizer, prompt):
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError("prompt must be a non-empty string or a non-empty list of non-empty strings")
+    side, pad = tokenizer.padding_side, tokenizer.pad_token
+    tokenizer.padding_side = "left"  # generation continues every row from its last real token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    try:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side, tokenizer.pad_token = side, pad
+    return prompts, enc.input_ids, enc.attention_mask
+
+
+def _draft_vocab(draft_vocab, vocab_size: int, prompt_rows, eos) -> torch.Tensor:
+    """The kept token ids of ``draft_vocab``: ids as given, or for an int K the K ids described in
+    :func:`generate_text`."""
+    if isinstance(draft_vocab, int) and not isinstance(draft_vocab, bool):
+        if not 1 <= draft_vocab <= vocab_size:
+            raise ValueError(f"draft_vocab={draft_vocab} must be between 1 and the vocabulary size {vocab_size}")
+        always = () if eos is None else (eos,)
+        kept = frequent_tokens(prompt_rows, draft_vocab, always=always).tolist()
+        chosen = set(kept)
+        kept += [t for t in range(vocab_size) if t not in chosen][: draft_vocab - len(kept)]
+        return kept_token_ids(kept, vocab_size)
+    if isinstance(draft_vocab, (str, bytes, float, bool)):
+        raise ValueError(f"draft_vocab must be an int or a list of token ids, not {draft_vocab!r}")
+    return kept_token_ids(draft_vocab, vocab_size)
+
+
+def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draft_vocab=None, eos=None,
+             stop_below=None):
+    if isinstance(drafter, str) and drafter not in DRAFTERS:
+        raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS} or pass a draft model")
+    if (drafter is None or isinstance(drafter, str)) and draft_vocab is not None:
+        raise ValueError(f"draft_vocab trims a draft model's LM head; it needs a draft model, not drafter={drafter!r}")
+    if (drafter is None or isinstance(drafter, str)) and stop_below is not None:
+        raise ValueError(f"draft_stop_below ends a draft model's drafts early; it needs a draft model, "
+                         f"not drafter={drafter!r}")
+    if drafter is None:
+        return None
+    rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+    if isinstance(drafter, str):
+        if drafter == "ngram":
+            return NGramDrafter(rows, max_ngram=ngram)
+        if drafter == "stand":
+            return StandDrafter(rows, _vocab_size(model), max_ngram=ngram)
+        return JacobiDrafter(_vocab_size(model), "repeat_left")
+    if not hasattr(drafter, "get_output_embeddings"):
+        raise TypeError(f"drafter must be a transformers model or one of {DRAFTERS}, not {type(drafter).__name__}")
+    if _vocab_size(drafter) != _vocab_size(model):
+        raise ValueError(f"the draft model's vocabulary ({_vocab_size(drafter)} tokens) differs from the target's "
+                         f"({_vocab_size(model)}); draft and target must share one tokenizer")
+    if draft_vocab is None:
+        return DraftModelDrafter(HFCausalLM(drafter), prefix, stop_below=stop_below)
+    keep = _draft_vocab(draft_vocab, _vocab_size(model), rows, eos)
+    return VocabTrimDrafter(HFCausalLM(drafter, head_rows=keep), prefix, keep, stop_below=stop_below)
+
+
+MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
+              "recursive_iid": (recursive_iid_verify, "iid")}
+
+
+def _tree_args(branches, depth, window, multidraft, drafter, acceptance):
+    """None for chain drafting, else ``(depth, rule, scheme)``; errors name the bad argument."""
+    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+        raise ValueError(f"branches (k, the number of drafts) must be an integer >= 1, got {branches!r}")
+    if multidraft not in MULTIDRAFT:
+        raise ValueError(f"unknown multidraft verifier {multidraft!r}; choose one of {tuple(MULTIDRAFT)}")
+    if branches == 1:
+        if depth is not None:
+            raise ValueError("depth is for draft trees (branches > 1); a chain uses window - 1 drafts")
+        return None
+    if drafter is None or (isinstance(drafter, str) and drafter != "stand"):
+        raise ValueError(f"a draft tree (branches={branches}) needs a draft model or drafter='stand', not {drafter!r}")
+    if acceptance != "exact":
+        raise ValueError("draft trees are verified exactly; acceptance must be 'exact'")
+    rule, scheme = MULTIDRAFT[multidraft]
+    if drafter == "stand" and scheme != "without_replacement":
+        raise ValueError("drafter='stand' drafts without replacement (Gumbel-top-k); use multidraft='rsd'")
+    depth = (window - 1) // branches if depth is None else depth
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"the draft tree needs depth >= 1; got depth={depth!r} (window={window}, branches={branches})")
+    if 1 + branches * depth > window:
+        raise ValueError(f"a tree of {branches} x {depth} drafts plus the root is {1 + branches * depth} tokens, "
+                         f"larger than the window of {window}")
+    return depth, rule, scheme
+
+
+@torch.no_grad()
+def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exact", max_new_tokens: int = 64,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                  generator=None, window: int = 8, ngram: int = 3, typical_epsilon: float = 0.09,
+                  typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
+                  multidraft: str = "rsd", draft_stop_below: float | None = None) -> TextOutput:
+    """Generate ``max_new_tokens`` tokens after ``prompt`` (a string or a list of strings).
+
+    ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
+    ``"stand"``; ``ngram``: the longest n-gram of ``"ngram"`` and ``"stand"``;
+    ``window``: tokens per target forward (``window - 1`` drafts); ``temperature=0`` is greedy.
+
+    ``draft_vocab`` (with a draft model only) turns the draft model into VocabTrim: its LM head
+    computes only the kept token ids, and drafts are always kept tokens (still lossless). Give the
+    kept ids as a list or 1-D tensor (e.g. :func:`visualspec.drafters.frequent_tokens` of text the
+    target generated), or an int K: then the kept set is the EOS token, the tokens of the prompt(s)
+    (most frequent first, if they do not all fit) and, up to K, the lowest token ids (in byte-level
+    BPE vocabularies such as GPT-2's the lowest ids are single bytes and the earliest,
+    most frequent merges).
+
+    ``draft_stop_below`` (with a draft model only) ends each step's drafts early once the draft
+    model's probability of its latest draft falls below it (transformers' assistant confidence
+    threshold; lossless, see :class:`visualspec.drafters.DraftModelDrafter`), so a long ``window``
+    costs draft forwards only where the draft is sure.
+
+    ``branches`` k > 1 drafts a tree (draft model or ``"stand"``): k first tokens, each followed by
+    a chain, ``depth`` tokens long in all (default ``(window - 1) // k``), so the target verifies
+    ``1 + k * depth <= window`` tokens in one forward with tree attention. ``multidraft`` picks the
+    verifier of the k first tokens: ``"rsd"`` (drafts without replacement, Jeon et al.),
+    ``"spectr"`` (i.i.d. drafts, SpecTr's k-sequential selection) or ``"recursive_iid"``; greedy
+    decoding accepts the candidate equal to the target's argmax. All are lossless.
+    """
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"unknown acceptance {acceptance!r}; choose one of {ACCEPTANCE}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    check_sampling_args(temperature, top_k, top_p, 1.0)
+    tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
+    if tree is not None and draft_stop_below is not None:
+        raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
+    prompts, input_ids, attention_mask = _encode(tokenizer, prompt)
+    device = next(model.parameters()).device
+    prefix = (input_ids.to(device), attention_mask.to(device))
+    target = HFCausalLM(model)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
+                      draft_stop_below)
+    if acceptance == "typical":
+        rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
+    else:
+        rule = default_rule(sampling)
+    if drafts is None:
+        mode = "ar"
+    else:
+        mode = drafter if isinstance(drafter, str) else "draft model" if draft_vocab is None else "vocabtrim"
+    generator = make_generator(seed, generator, device=device)
+    if tree is None:
+        tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
+                               generator=generator, mode=mode)
+    else:
+        depth, multidraft_rule, scheme = tree
+        if isinstance(drafts, DraftModelDrafter):
+            drafts.tree_scheme = scheme
+        tokens, stats = decode_tree(target, prefix, max_new_tokens, sampling, drafts, branches=branches, depth=depth,
+                                    rule=greedy_multidraft_verify if sampling.greedy else multidraft_rule,
+                                    generator=generator, mode=f"{mode} tree {branches}x{depth} {multidraft}")
+    eos = tokenizer.eos_token_id
+    token_ids = []
+    for row in tokens.tolist():
+        if eos is not None and eos in row:
+            row = row[: row.index(eos) + 1]
+        token_ids.append(row)
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
+    return TextOutput(text=texts[0] if isinstance(prompt, str) else texts, token_ids=token_ids, stats=stats)

@@ -1,0 +1,447 @@
+"""Batch generation into GenEval's folder layout: resumable, deterministic, shardable.
+
+    visualspec batch --prompts evaluation_metadata.jsonl --out geneval-images --images-per-prompt 4
+    torchrun --nproc_per_node 8 -m visualspec.tools.cli batch --prompts prompts.jsonl --out images
+    visualspec batch --prompts prompts.txt --out images --rank 3 --world-size 16   # job arrays, no network
+
+Layout (what GenEval's ``evaluate_images.py`` reads)::
+
+    out_dir/00000/metadata.jsonl      the prompt's metadata object, one JSON line
+    out_dir/00000/samples/0000.png    sample k of prompt 0, k < images_per_prompt
+    out_dir/batch_config.json         the settings that determine the pixels (checked on resume)
+    out_dir/batch_stats_rank0.json    decode statistics of the last run of rank 0
+
+Guarantees:
+
+- **Continuous batching.** ``batch_size`` images decode at once; each commits its own accepted
+  tokens every step, and a finished image's place goes to the next image of its chunk.
+- **Determinism.** Image k of prompt i is drawn with its own generator seeded by
+  :func:`image_seed` ``(seed, i, k)``, and always inside the same *chunk*: the flattened list of
+  images (prompt-major) is cut into fixed chunks of ``chunk_size`` images, and a chunk is always
+  generated whole. Its pixels therefore depend only on the model, the prompt, the settings,
+  ``batch_size`` and ``chunk_size``, never on sharding, on which other images were already done, or
+  on interruptions. (An image's law depends on its prompt and generator alone; fixed chunks also
+  pin what the law leaves open: float kernels may round differently with the batch's make-up, and
+  ``window="auto"`` picks windows from the batch's acceptance so far. The measured window costs
+  that ``"auto"`` uses are recorded in ``batch_config.json`` on the first run and reused on resume.)
+- **Resume.** A sample that exists is never rewritten; a chunk whose samples all exist is skipped; a
+  chunk with some samples missing is generated again and only the missing files are written (they
+  are byte-identical to what the first run would have written). ``batch_config.json`` refuses a
+  resume with different settings, and each prompt's ``metadata.jsonl`` refuses a different prompt
+  file.
+- **Atomic files.** Every file is written under a hidden temporary name (``.0000.png.<random>.tmp``,
+  which neither GenEval's ``\\d+\\.png`` filter nor a shell glob sees) in its final folder, then
+  renamed with ``os.replace``; an interrupted write removes its temporary file.
+- **Sharding.** Chunk j belongs to rank ``j % world_size``. With the default
+  ``batch_size = images_per_prompt`` a chunk is one prompt, so prompt i belongs to rank
+  ``i % world_size``. Ranks share nothing but the output folder, so shards can run at the same time
+  (``torchrun``, ``accelerate launch``) or separately (``--rank/--world-size``, e.g. job arrays on
+  machines that cannot reach each other).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+CONFIG_NAME = "batch_config.json"
+_MASK64 = (1 << 64) - 1
+_RESERVED_KWARGS = ("prompt", "class_labels", "generator", "seed", "num_images_per_prompt", "output_type",
+                    "return_dict")
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompt files
+# ----------------------------------------------------------------------------------------------
+
+
+def read_prompts(path) -> list[dict]:
+    """Read a prompt file into a list of metadata dicts, each with at least a string ``prompt``.
+
+    - ``*.jsonl``: GenEval's format, one JSON object per line with ``prompt`` (and usually ``tag``,
+      ``include``, ``exclude``); every field is kept. Blank lines are skipped.
+    - anything else: plain text, one prompt per line; blank lines and lines starting with ``#``
+      are skipped; each line becomes ``{"prompt": line}``.
+
+    A malformed line raises ``ValueError`` naming the file and the (1-based) line number.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {str(path)!r} does not exist" if not path.exists()
+                                else f"prompt file {str(path)!r} is not a file")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first prompt
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err})") from None
+    prompts: list[dict] = []
+    jsonl = path.suffix.lower() == ".jsonl"
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or (not jsonl and line.startswith("#")):
+            continue
+        if not jsonl:
+            prompts.append({"prompt": line})
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(obj).__name__}")
+        if "prompt" not in obj:
+            raise ValueError(f"{path}, line {number}: the object has no 'prompt' field")
+        if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
+            raise ValueError(f"{path}, line {number}: 'prompt' must be a non-empty string, got {obj['prompt']!r}")
+        prompts.append(obj)
+    return prompts
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeds, chunks, files
+# ----------------------------------------------------------------------------------------------
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def image_seed(seed: int, index: int, sample: int) -> int:
+    """The generator seed of sample ``sample`` of prompt ``index``: a fixed 64-bit mix of the three
+    integers (SplitMix64, no ``hash()``), so it is the same in every process and on every machine."""
+    x = _splitmix64(int(seed) & _MASK64)
+    x = _splitmix64((x + int(index)) & _MASK64)
+    return _splitmix64((x + int(sample)) & _MASK64)
+
+
+def image_generator(seed: int, index: int, sample: int) -> torch.Generator:
+    """A CPU generator for one image (CPU, so the random stream is the same whatever the device)."""
+    return torch.Generator(device="cpu").manual_seed(image_seed(seed, index, sample))
+
+
+def chunks(num_prompts: int, images_per_prompt: int, batch_size: int) -> list[list[tuple[int, int]]]:
+    """The fixed chunks: the (prompt index, sample) pairs in prompt-major order, cut every
+    ``batch_size`` images. Chunk j belongs to rank ``j % world_size``."""
+    flat = [(i, k) for i in range(num_prompts) for k in range(images_per_prompt)]
+    return [flat[s:s + batch_size] for s in range(0, len(flat), batch_size)]
+
+
+def prompt_dir(out_dir, index: int) -> Path:
+    return Path(out_dir) / f"{index:05d}"
+
+
+def sample_path(out_dir, index: int, sample: int) -> Path:
+    return prompt_dir(out_dir, index) / "samples" / f"{sample:04d}.png"
+
+
+def atomic_write(path, write: Callable[[Any], None]) -> None:
+    """Write ``path`` through ``write(binary_file)`` under a hidden temporary name in the same
+    folder, then ``os.replace`` it into place. On any failure (an interrupt included) the temporary
+    file is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:  # like tempfile.mkstemp, but with the usual 0o666 & ~umask permissions, not 0o600
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_json(path, obj, indent=None) -> None:
+    data = (json.dumps(obj, indent=indent) + "\n").encode("utf-8")
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def _check_metadata(out_dir, index: int, meta: dict) -> None:
+    """Write ``metadata.jsonl`` of prompt ``index``, or check that the one there is the same prompt."""
+    path = prompt_dir(out_dir, index) / "metadata.jsonl"
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            old = None
+        if old != meta:
+            raise ValueError(f"{path} holds a different prompt ({old!r}) than line {index} of this prompt list "
+                             f"({meta!r}); write to a fresh --out folder or use the same prompt file")
+        return
+    line = (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")
+    atomic_write(path, lambda f: f.write(line))
+
+
+def _window_costs(pipe, decoding: str, metas: list, batch_size: int, pipe_kwargs: dict) -> dict | None:
+    """The window costs ``window="auto"`` decodes with, measured once (None when not needed)."""
+    if decoding == "ar" or pipe_kwargs.get("window", "auto") != "auto" or not hasattr(pipe, "window_tables"):
+        return None
+    kw = {k: pipe_kwargs[k] for k in ("guidance_scale",) if k in pipe_kwargs}
+    tables = pipe.window_tables([metas[0]["prompt"]], batch_size=batch_size, **kw)
+    return {str(rows): {str(w): c for w, c in sorted(t.items())} for rows, t in sorted(tables.items())}
+
+
+def _check_config(out_dir, config: dict, window_costs: Callable[[], dict | None] = lambda: None) -> dict:
+    """Record the pixel-determining settings on the first run; refuse to resume with others.
+    Returns the recorded settings, with the window costs measured on the first run."""
+    path = Path(out_dir) / CONFIG_NAME
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path} is not valid JSON; remove it or write to a fresh folder") from None
+        differ = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
+        if differ:
+            text = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in differ.items())
+            raise ValueError(f"{out_dir} was generated with other settings ({text}); resuming would mix images. "
+                             f"Use the same settings or a fresh output folder")
+        return old
+    config = {**config, "window_costs": window_costs()}
+    _write_json(path, config, indent=2)
+    return config
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=repr))
+
+
+# ----------------------------------------------------------------------------------------------
+# Generation
+# ----------------------------------------------------------------------------------------------
+
+
+def generate_batch(
+    pipe,
+    prompts: Iterable[dict | str],
+    out_dir,
+    *,
+    images_per_prompt: int = 4,
+    decoding: str = "sjd",
+    seed: int = 0,
+    batch_size: int = 16,
+    chunk_size: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: bool = True,
+    **pipe_kwargs,
+) -> dict:
+    """Generate ``images_per_prompt`` images for every prompt of this rank into GenEval's layout.
+
+    ``pipe`` is called as ``pipe([prompt] * n, decoding=..., num_images_per_prompt=1,
+    generator=[one per image], batch_size=batch_size, output_type="pil", **pipe_kwargs)`` once per
+    chunk of ``chunk_size`` images (default ``4 * batch_size``). ``prompts`` are metadata dicts with a ``prompt``
+    (see :func:`read_prompts`) or plain strings. See the module docstring for determinism, resume
+    and sharding.
+
+    Returns ``{"generated", "skipped", "prompts", "chunks", "calls", "seconds", "rank",
+    "world_size"}`` for this rank (``generated``: image files written; ``skipped``: images that
+    already existed; ``prompts``: prompts this rank is responsible for) and writes it, with the
+    mean decode statistics, to ``out_dir/batch_stats_rank{rank}.json``.
+    """
+    t0 = time.perf_counter()
+    metas = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
+    for n, meta in enumerate(metas):
+        if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
+            raise ValueError(f"prompt {n} must be a string or a dict with a string 'prompt', got {meta!r}")
+    for name, value, low in (("images_per_prompt", images_per_prompt, 1), ("world_size", world_size, 1),
+                             ("seed", seed, None), ("rank", rank, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
+            raise ValueError(f"{name} must be an integer{f' >= {low}' if low is not None else ''}, got {value!r}")
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if chunk_size is None:
+        chunk_size = 4 * batch_size if isinstance(batch_size, int) else batch_size
+    for name, value in (("batch_size", batch_size), ("chunk_size", chunk_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    reserved = sorted(set(pipe_kwargs) & set(_RESERVED_KWARGS))
+    if reserved:
+        raise ValueError(f"generate_batch sets {reserved} itself; pass seed= and images_per_prompt= instead")
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = _check_config(out_dir, _jsonable({
+        "format": "visualspec-batch-2", "seed": seed, "decoding": decoding, "images_per_prompt": images_per_prompt,
+        "batch_size": batch_size, "chunk_size": chunk_size, "num_prompts": len(metas),
+        "pipe_kwargs": dict(sorted(pipe_kwargs.items())),
+    }), lambda: _window_costs(pipe, decoding, metas, batch_size, pipe_kwargs))
+    if config.get("window_costs"):
+        from ..core.window import WindowPolicy
+
+        pipe_kwargs = {**pipe_kwargs, "window": WindowPolicy(config["window_costs"])}
+
+    mine = [c for j, c in enumerate(chunks(len(metas), images_per_prompt, chunk_size)) if j % world_size == rank]
+    my_prompts = sorted({i for c in mine for i, _ in c})
+    for i in my_prompts:
+        _check_metadata(out_dir, i, metas[i])
+    todo = [c for c in mine if not all(_exists(sample_path(out_dir, i, k)) for i, k in c)]
+    skipped = sum(1 for c in mine for i, k in c if _exists(sample_path(out_dir, i, k)))
+
+    from tqdm.auto import tqdm
+
+    generated, all_stats = 0, []
+    bar = tqdm(total=sum(len(c) for c in todo), unit="img", desc=f"batch (rank {rank}/{world_size})",
+               disable=not progress or rank != 0)
+    try:
+        for chunk in todo:
+            out = pipe([metas[i]["prompt"] for i, _ in chunk], decoding=decoding, num_images_per_prompt=1,
+                       generator=[image_generator(seed, i, k) for i, k in chunk], batch_size=batch_size,
+                       output_type="pil", **pipe_kwargs)
+            images = out.images if hasattr(out, "images") else out[0]
+            if len(images) != len(chunk):
+                raise RuntimeError(f"the pipeline returned {len(images)} images for a chunk of {len(chunk)}")
+            stats = getattr(out, "stats", None)
+            if stats is not None and hasattr(stats, "to_dict"):
+                all_stats.append(stats.to_dict())
+            for (i, k), image in zip(chunk, images):
+                path = sample_path(out_dir, i, k)
+                if not _exists(path):  # written by an earlier run: the same bytes, leave it alone
+                    atomic_write(path, lambda f, image=image: image.save(f, format="PNG"))
+                    generated += 1
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+
+    summary = {"generated": generated, "skipped": skipped, "prompts": len(my_prompts), "chunks": len(mine),
+               "calls": len(todo), "seconds": round(time.perf_counter() - t0, 3), "rank": rank,
+               "world_size": world_size}
+    _write_json(out_dir / f"batch_stats_rank{rank}.json",
+                {**summary, "decoding": decoding, "decode": merge_stats(all_stats)}, indent=2)
+    return summary
+
+
+def merge_stats(stats: list[dict]) -> dict:
+    """Combine the ``DecodeStats.to_dict()`` of several calls into means over calls and steps."""
+    if not stats:
+        return {"calls": 0}
+    forwards = sum(s.get("target_forwards", 0) for s in stats)
+    tokens = sum(s.get("num_tokens", 0) for s in stats)
+    steps = sum(s.get("steps", 0) for s in stats)
+    hist: dict[int, int] = {}
+    for s in stats:
+        for length, count in s.get("accepted_histogram", {}).items():
+            hist[int(length)] = hist.get(int(length), 0) + count
+    return {
+        "calls": len(stats),
+        "images": sum(s.get("batch_size", 0) for s in stats),
+        "mean_target_forwards": round(forwards / len(stats), 3),
+        "mean_draft_forwards": round(sum(s.get("draft_forwards", 0) for s in stats) / len(stats), 3),
+        "tokens_per_forward": round(tokens / max(forwards, 1), 4),
+        "mean_accepted": round(sum(s.get("mean_accepted", 1.0) * s.get("steps", 0) for s in stats) / max(steps, 1), 4),
+        "accepted_histogram": dict(sorted(hist.items())),
+        "decode_seconds": round(sum(s.get("wall_time_s", 0.0) for s in stats), 3),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Several processes: torchrun / accelerate launch
+# ----------------------------------------------------------------------------------------------
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+@contextlib.contextmanager
+def distributed_context(timeout_s: float = 24 * 3600) -> Iterator[tuple[int, int]]:
+    """``with distributed_context() as (rank, world_size):`` for ``torchrun`` and ``accelerate launch``.
+
+    Reads ``RANK`` (else ``LOCAL_RANK``) and ``WORLD_SIZE`` as both launchers set them; with no such
+    variables it is ``(0, 1)`` and does nothing. With ``WORLD_SIZE > 1`` it initialises
+    ``torch.distributed`` (nccl on the ``LOCAL_RANK`` GPU when CUDA is available, else gloo) unless
+    a process group already exists, and on a normal exit waits for every rank (a barrier, with a
+    long ``timeout_s`` because resumed shards can be very uneven) and destroys the group it made.
+    On an exception it skips the barrier (the launcher stops the other ranks).
+    """
+    import torch.distributed as dist
+
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", _env_int("LOCAL_RANK", 0))
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"RANK={rank} / WORLD_SIZE={world_size} from the environment are inconsistent")
+    if world_size == 1:
+        yield 0, 1
+        return
+    owned = False
+    if not dist.is_initialized():
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+        if missing:
+            raise ValueError(f"WORLD_SIZE={world_size} but {' and '.join(missing)} not set: launch with torchrun "
+                             f"or accelerate launch, or pass an explicit rank and world size instead")
+        use_cuda = torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        owned = True
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    ok = False
+    try:
+        yield rank, world_size
+        ok = True
+    finally:
+        if ok:
+            dist.barrier()
+        if owned:
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def rank_zero_first() -> Iterator[None]:
+    """Run the body on rank 0 first, then on the other ranks (e.g. building a model cache once).
+    Without a process group it just runs the body."""
+    import torch.distributed as dist
+
+    active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if active and dist.get_rank() != 0:
+        dist.barrier()
+    yield
+    if active and dist.get_rank() == 0:
+        dist.barrier()
+
+
+def gather_summaries(summary: dict) -> list[dict]:
+    """Every rank's summary (on every rank) when a process group exists, else ``[summary]``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [summary]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, summary)
+    return gathered
+
+
+def combine_summaries(summaries: list[dict], num_prompts: int) -> dict:
+    """One summary for the whole run from every rank's."""
+    return {"generated": sum(s["generated"] for s in summaries), "skipped": sum(s["skipped"] for s in summaries),
+            "prompts": num_prompts, "calls": sum(s["calls"] for s in summaries),
+            "seconds": max(s["seconds"] for s in summaries), "world_size": len(summaries)}

@@ -1,0 +1,194 @@
+"""Side-by-side decode benchmark: every mode on the same prompts and seeds, interleaved in one run.
+
+Timings on shared machines drift, so the modes are interleaved image by image (AR, SJD, LANTERN,
+AR, SJD, ...) after one warm-up call each, and speed is reported as ratios to AR measured in the
+same run. With a ``scorer``, the very images that were timed are also scored for quality.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+DEFAULT_PROMPTS = [
+    "a photo of a red circle",
+    "a photo of a blue square and a yellow triangle",
+    "a photo of three green circles",
+    "a photo of a white triangle left of a black square",
+]
+
+
+MODES = {
+    "ar": dict(decoding="ar"),
+    "sjd": dict(decoding="sjd", coupling=False),
+    "sjd+coupling": dict(decoding="sjd", coupling=True),
+    "lantern": dict(decoding="lantern"),
+    "gsd": dict(decoding="gsd"),
+    "speculative": dict(decoding="speculative"),
+}
+
+
+def mode_kwargs(mode: str) -> dict:
+    """Pipeline arguments of a benchmark mode: a decoding, optionally ``+coupling``."""
+    if mode in MODES:
+        return dict(MODES[mode])
+    decoding, _, extra = mode.partition("+")
+    if decoding in MODES and extra == "coupling":
+        return {**MODES[decoding], "coupling": True}
+    raise ValueError(f"unknown benchmark mode {mode!r}; choose from {sorted(MODES)} (or DECODING+coupling)")
+
+
+def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: int = 4, seed: int = 0,
+                  batch_size: int = 1, scorer: Callable[[Path], dict] | None = None, keep_images: str | None = None,
+                  progress: bool = False, **kwargs) -> dict:
+    """Generate ``images`` images per mode, ``batch_size`` at a time, and summarise cost (and
+    quality) per image. As in the batch command, a call holds ``4 * batch_size`` images and a
+    finished image's place goes to the next (continuous batching).
+
+    ``prompts`` are strings or GenEval metadata dicts (``{"prompt": ..., "tag": ..., ...}``); image i
+    uses prompt ``i % len(prompts)`` and its own generator seeded ``seed + i`` in every mode. Modes
+    are interleaved call by call after one warm-up call each (which also measures the window costs
+    once). With ``scorer``, each mode's images are written in GenEval's layout and
+    ``scorer(folder)`` is reported under ``quality``.
+    """
+    if "ar" not in modes:
+        modes = ("ar", *modes)
+    settings = {m: {**mode_kwargs(m), **kwargs} for m in modes}
+    text = getattr(pipe, "is_text_conditional", True)
+    if prompts is None:
+        prompts = DEFAULT_PROMPTS if text else list(range(4))
+    entries = [p if isinstance(p, dict) else {"prompt": p} for p in prompts]
+    conditions = [entries[i % len(entries)] for i in range(images)]
+    per_call = 4 * batch_size if batch_size > 1 else 1  # as the batch command's chunks: slots refilled
+    calls = [list(range(s, min(s + per_call, images))) for s in range(0, images, per_call)]
+    for mode in modes:  # warm-up (allocations, window costs, lazy tables such as LANTERN's neighbours)
+        pipe([conditions[i]["prompt"] for i in calls[0]], seed=seed, output_type="latent", batch_size=batch_size,
+             **settings[mode])
+    tmp = None if keep_images else tempfile.TemporaryDirectory()
+    root = Path(keep_images or tmp.name)
+    rows = {m: {"forwards": [], "accepted": [], "seconds": 0.0} for m in modes}
+    from tqdm.auto import tqdm
+
+    for call in tqdm(calls, desc=f"bench (batch {batch_size})", disable=not progress):
+        for mode in modes:
+            generators = [torch.Generator().manual_seed(seed + i) for i in call]
+            t0 = time.perf_counter()
+            out = pipe([conditions[i]["prompt"] for i in call], generator=generators, output_type="pil",
+                       batch_size=batch_size, **settings[mode])
+            rows[mode]["seconds"] += time.perf_counter() - t0
+            rows[mode]["forwards"] += out.stats.row_forwards.tolist()
+            rows[mode]["accepted"] += out.stats.accepted_lengths
+            for i, image in zip(call, out.images):
+                folder = root / mode / f"{i:05d}"
+                (folder / "samples").mkdir(parents=True, exist_ok=True)
+                (folder / "metadata.jsonl").write_text(json.dumps(conditions[i]) + "\n")
+                image.save(folder / "samples" / "0000.png")
+    ar_forwards = np.mean(rows["ar"]["forwards"])
+    ar_seconds = rows["ar"]["seconds"]
+    results = {}
+    for mode, r in rows.items():
+        forwards = float(np.mean(r["forwards"]))
+        results[mode] = {
+            "target_forwards_per_image": round(forwards, 2),
+            "mean_accepted_tokens_per_step": round(float(np.mean(r["accepted"])) if r["accepted"] else 1.0, 3),
+            "seconds_per_image": round(r["seconds"] / images, 4),
+            "forwards_ratio_to_ar": round(forwards / ar_forwards, 4),
+            "speedup_vs_ar": round(ar_seconds / r["seconds"], 3),
+        }
+        if scorer is not None:
+            quality = scorer(root / mode)
+            results[mode]["geneval_overall"] = round(quality["geneval"]["overall"], 4)
+            results[mode]["geneval_tasks"] = {k: round(v["accuracy"], 4) for k, v in quality["geneval"]["tasks"].items()}
+            results[mode]["fid_shapes"] = round(quality["fid_shapes"], 3)
+    if tmp is not None:
+        tmp.cleanup()
+    return {
+        "images_per_mode": images,
+        "batch_size": batch_size,
+        "settings": {k: v for k, v in kwargs.items()},
+        "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "results": results,
+        "table": format_table(results),
+    }
+
+
+def _cpu_name() -> str:
+    from ..core.window import machine_name
+
+    return machine_name(torch.device("cpu"))
+
+
+def format_table(results: dict) -> str:
+    quality = all("geneval_overall" in r for r in results.values())
+    header = f"{'mode':<14}{'forwards/img':>14}{'accepted/step':>15}{'s/img':>10}{'fwd vs AR':>11}{'speedup':>9}"
+    if quality:
+        header += f"{'GenEval':>9}{'FID-shapes':>12}"
+    lines = [header]
+    for m, r in results.items():
+        line = (f"{m:<14}{r['target_forwards_per_image']:>14.1f}{r['mean_accepted_tokens_per_step']:>15.2f}"
+                f"{r['seconds_per_image']:>10.3f}{r['forwards_ratio_to_ar']:>11.3f}{r['speedup_vs_ar']:>9.2f}")
+        if quality:
+            line += f"{r['geneval_overall']:>9.3f}{r['fid_shapes']:>12.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ video
+
+VIDEO_CONFIGS = {
+    # name: (use_teacher, steps, speculate)
+    "teacher, 8 Euler steps": (True, 8, 1),
+    "distilled, 4 steps": (False, 4, 1),
+    "distilled, 1 step": (False, 1, 1),
+    "distilled, 1 step, speculate 4": (False, 1, 4),
+}
+
+
+def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0, configs: dict | None = None,
+                        persistence: float = 0.9) -> dict:
+    """Frames per second of each configuration at batch 1 on one action script (a person holding
+    keys: ``persistence``), interleaved round by round; speedups are ratios to the first config."""
+    from ..worlds import arena
+
+    configs = configs or VIDEO_CONFIGS
+    actions = list(arena.random_actions(np.random.default_rng([seed, 3]), frames, persistence))
+    for use_teacher, steps, speculate in configs.values():  # warm-up
+        pipe(actions=actions[:8], seed=seed, use_teacher=use_teacher, steps=steps, speculate=speculate)
+    runs = {name: [] for name in configs}
+    for r in range(rounds):
+        for name, (use_teacher, steps, speculate) in configs.items():
+            out = pipe(actions=actions, seed=seed + r, use_teacher=use_teacher, steps=steps, speculate=speculate)
+            runs[name].append(out.stats)
+    base = None
+    results = {}
+    for name, stats in runs.items():
+        seconds = sum(s.seconds for s in stats)
+        fps = sum(s.frames for s in stats) / seconds
+        base = base or fps
+        hits, discarded = sum(s.hits for s in stats), sum(s.discarded for s in stats)
+        results[name] = {
+            "fps": round(fps, 1), "ms_per_frame": round(1000 / fps, 2), "speedup": round(fps / base, 2),
+            "forwards_per_frame": round(sum(s.model_forwards for s in stats) / sum(s.frames for s in stats), 3),
+            "hit_rate": round(hits / (hits + discarded), 3) if hits + discarded else None,
+            "p95_ms": round(1000 * float(np.percentile(np.concatenate([s.frame_seconds for s in stats]), 95)), 2),
+        }
+    return {"frames": frames, "rounds": rounds, "persistence": persistence,
+            "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                        "torch": torch.__version__},
+            "results": results, "table": format_video_table(results)}
+
+
+def format_video_table(results: dict) -> str:
+    lines = [f"{'configuration':<34}{'FPS':>8}{'ms/frame':>10}{'speedup':>9}{'fwd/frame':>11}{'hit rate':>10}"]
+    for name, r in results.items():
+        hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
+        lines.append(f"{name:<34}{r['fps']:>8.1f}{r['ms_per_frame']:>10.2f}{r['speedup']:>9.2f}"
+                     f"{r['forwards_per_frame']:>11.2f}{hit:>10}")
+    return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""Text benchmark on the trained pair: visualspec's drafters and verifiers against transformers'
+own ``generate``, assisted generation and prompt lookup, side by side in one run.
+
+Every method decodes the same prompts greedily (so outputs can be compared token for token), after
+one warm-up call each, interleaved prompt by prompt. For each method: tokens per second, the
+speedup over plain ``generate`` measured in the same run, and Spec-Bench's tau (mean tokens per
+target forward, counting the bonus token); target forwards are counted with a forward hook, so
+transformers' methods are measured the same way as ours.
+
+:func:`multidraft_gap` compares the multi-draft verifiers with the optimal acceptance rate at real
+positions of the pair: the target's and the draft's distributions (temperature 1) are reduced to
+their ``top`` most likely tokens plus one "other" token, and on that small vocabulary each rule's
+exact acceptance rate and the optimum (:func:`visualspec.core.multidraft.optimal_acceptance`) are
+computed by enumeration.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..text import generate_text
+
+PROMPT_TOKENS = 96
+
+
+def load_pair(folder):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
+    return tokenizer, target, draft
+
+
+def held_out_prompts(folder, tokenizer, count: int, tokens: int = PROMPT_TOKENS, seed: int = 0) -> list[str]:
+    """``count`` prompts of ``tokens`` tokens cut from the pair's held-out standard-library files."""
+    import json
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = json.loads((Path(folder) / "training.json").read_text())["held_out_files"]
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for name in rng.permutation(files):
+        ids = tokenizer((root / name).read_text(encoding="utf-8", errors="replace")).input_ids
+        if len(ids) < 4 * tokens:
+            continue
+        start = int(rng.integers(0, len(ids) - 2 * tokens))
+        prompts.append(tokenizer.decode(ids[start:start + tokens]))
+        if len(prompts) == count:
+            break
+    if not prompts:
+        raise ValueError(f"no held-out file of {folder} is long enough for {tokens}-token prompts")
+    return prompts
+
+
+def calibration_vocab(folder, tokenizer, size: int, files: int = 50) -> torch.Tensor:
+    """VocabTrim's kept set: the ``size`` most frequent tokens of ``files`` training files (the
+    target was trained on them, so their statistics stand in for target-generated text)."""
+    import json
+    import sysconfig
+
+    from ..drafters import frequent_tokens
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    held = set(json.loads((Path(folder) / "training.json").read_text())["held_out_files"])
+    names = [p for p in sorted(root.glob("*.py")) if str(p.relative_to(root)) not in held][:files]
+    ids = [tokenizer(p.read_text(encoding="utf-8", errors="replace")).input_ids for p in names]
+    return frequent_tokens(ids, size, always=[tokenizer.eos_token_id])
+
+
+class ForwardCounter:
+    """Counts forward calls of a module (one per target forward pass)."""
+
+    def __init__(self, module):
+        self.calls = 0
+        self.handle = module.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+
+
+def _hf_generate(model, tokenizer, prompt, new_tokens, **kwargs):
+    enc = tokenizer([prompt], return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=tokenizer.eos_token_id, **kwargs)
+    return out[0, enc.input_ids.shape[1]:].tolist()
+
+
+def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2):
+    """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
+
+    ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
+    model row; the main draft model rows draft up to ``draft_window - 1`` tokens and stop early
+    below ``stop_below`` (as transformers' assisted generation stops below its confidence threshold).
+    """
+    def ours(**kw):
+        return lambda prompt, n: generate_text(target, tokenizer, prompt, max_new_tokens=n, temperature=0,
+                                               **kw).token_ids[0]
+    dynamic = dict(drafter=draft, window=draft_window, draft_stop_below=stop_below)
+    return {
+        "generate": lambda p, n: _hf_generate(target, tokenizer, p, n),
+        "transformers assisted (draft model)": lambda p, n: _hf_generate(target, tokenizer, p, n, assistant_model=draft),
+        "transformers prompt lookup": lambda p, n: _hf_generate(target, tokenizer, p, n, prompt_lookup_num_tokens=10),
+        "visualspec AR": ours(),
+        "visualspec draft model": ours(**dynamic),
+        f"visualspec draft model, fixed window {window}": ours(drafter=draft, window=window),
+        "visualspec draft model, VocabTrim 1/4": ours(**dynamic,
+                                                      draft_vocab=kept if kept is not None else len(tokenizer) // 4),
+        "visualspec draft tree 2x3 (rsd)": ours(drafter=draft, window=7, branches=2),
+        "visualspec n-gram": ours(drafter="ngram", window=window),
+        "visualspec STAND": ours(drafter="stand", window=window),
+        "visualspec Jacobi": ours(drafter="jacobi", window=window),
+    }
+
+
+@torch.no_grad()
+def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: int = 6, threads: int | None = None,
+                       only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
+                       stop_below: float = 0.2) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    tokenizer, target, draft = load_pair(folder)
+    texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens)
+    table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
+                    draft_window, stop_below)
+    if only:
+        table = {k: v for k, v in table.items() if k == "generate" or k in only}
+    counter = ForwardCounter(target)
+    rows = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in table}
+    outputs = {}
+    for name, fn in table.items():  # warm-up
+        fn(texts[0], 8)
+    for i, prompt in enumerate(texts):
+        for name, fn in table.items():
+            counter.calls = 0
+            t0 = time.perf_counter()
+            ids = fn(prompt, new_tokens)
+            rows[name]["seconds"] += time.perf_counter() - t0
+            rows[name]["tokens"] += len(ids)
+            rows[name]["forwards"] += counter.calls
+            outputs[name, i] = ids
+    results = {}
+    base = rows["generate"]["tokens"] / rows["generate"]["seconds"]
+    for name, r in rows.items():
+        equal = sum(outputs[name, i] == outputs["generate", i] for i in range(len(texts)))
+        tps = r["tokens"] / r["seconds"]
+        results[name] = {"tokens_per_second": round(tps, 1), "speedup_vs_generate": round(tps / base, 3),
+                         "tau": round(r["tokens"] / max(r["forwards"], 1), 3),
+                         "target_forwards": r["forwards"], "greedy_output_equal": f"{equal}/{len(texts)}"}
+    assisted = results.get("transformers assisted (draft model)")
+    ours = results.get("visualspec draft model")
+    return {
+        "prompts": len(texts), "new_tokens": new_tokens, "window": window, "draft_window": draft_window,
+        "draft_stop_below": stop_below, "results": results,
+        "draft_model_speedup_ratio_to_assisted": (round(ours["speedup_vs_generate"] / assisted["speedup_vs_generate"], 3)
+                                                  if ours and assisted else None),
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+    }
+
+
+def _reduced(p: torch.Tensor, q: torch.Tensor, top: int):
+    """p and q (V,) restricted to the ``top`` tokens most likely under p + q, plus one 'other' token."""
+    keep = (p + q).topk(top).indices
+    rest = torch.ones_like(p, dtype=torch.bool)
+    rest[keep] = False
+    return (torch.cat([p[keep], p[rest].sum()[None]]).double(), torch.cat([q[keep], q[rest].sum()[None]]).double())
+
+
+@torch.no_grad()
+def multidraft_gap(folder, positions: int = 16, k: int = 2, top: int = 7, seed: int = 0,
+                   prompt_tokens: int = PROMPT_TOKENS) -> dict:
+    """Exact acceptance of each multi-draft rule vs the optimum, at ``positions`` real positions."""
+    from ..core.multidraft import acceptance_rate, optimal_acceptance
+
+    tokenizer, target, draft = load_pair(folder)
+    prompts = held_out_prompts(folder, tokenizer, positions, prompt_tokens, seed=seed)
+    rates = {"rsd (without replacement)": [], "spectr (iid)": [], "recursive_iid (iid)": [],
+             "optimal, without replacement": [], "optimal, iid": []}
+    for prompt in prompts:
+        ids = tokenizer([prompt], return_tensors="pt").input_ids
+        p = target(ids).logits[0, -1].float().softmax(-1)
+        q = draft(ids).logits[0, -1].float().softmax(-1)
+        p, q = _reduced(p, q, top)
+        rates["rsd (without replacement)"].append(acceptance_rate("rsd", p, q, k))
+        rates["spectr (iid)"].append(acceptance_rate("spectr", p, q, k))
+        rates["recursive_iid (iid)"].append(acceptance_rate("recursive_iid", p, q, k))
+        rates["optimal, without replacement"].append(optimal_acceptance(p, q, k, "without_replacement"))
+        rates["optimal, iid"].append(optimal_acceptance(p, q, k, "iid"))
+    return {"k": k, "positions": len(prompts), "vocabulary": f"top {top} + other",
+            "mean_acceptance": {name: round(float(np.mean(v)), 4) for name, v in rates.items()}}

@@ -1,0 +1,515 @@
+"""The ``visualspec`` command line.
+
+    visualspec generate "a photo of a red circle" --decoding sjd --seed 0 -o out.png --stats
+    visualspec batch --prompts prompts.jsonl --out images/        (torchrun / accelerate launch shard it)
+    visualspec eval geneval images/          visualspec eval fid images/ --ref stats.npz
+    visualspec bench --images 4 --json bench.json
+    visualspec train-shapes --out assets/shapes-t2i
+    visualspec video --actions right,right,up --frames 60 -o play.mp4
+    visualspec bench-video --quality
+    visualspec train-arena --out assets/arena-nfd
+    visualspec train-text --out assets/text-pair
+    visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+# literal copies of the pipeline's names, so that parsing arguments needs no torch import;
+# tests/test_cli.py checks them against their sources
+MODES = ("ar", "sjd", "lantern", "gsd", "speculative")
+JACOBI_INITS = ("random", "repeat_left", "repeat_above")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VISUALSPEC_HOME", Path.home() / ".cache" / "visualspec"))
+
+
+def default_model() -> tuple[str, str]:
+    """(folder, description) of the default model: the shipped one, else the tiny random one."""
+    from ..assets import SHAPES_T2I as shipped
+
+    if (shipped / "model_index.json").is_file():
+        return str(shipped), "shipped shapes model"
+    from ..pipelines.tiny import TINY_RANDOM_NAME
+
+    return tiny_random_folder(), TINY_RANDOM_NAME
+
+
+def tiny_random_folder() -> str:
+    """The tiny random model's folder in the cache, built offline on first use."""
+    from ..pipelines.tiny import tiny_random_pipeline
+
+    folder = cache_dir() / "tiny-random-llamagen"
+    if not (folder / "model_index.json").is_file():
+        tiny_random_pipeline(seed=0).save_pretrained(folder)
+    return str(folder)
+
+
+def load_pipeline(model: str | None):
+    from ..pipelines import VisualSpecPipeline
+
+    folder, description = (model, model) if model else default_model()
+    print(f"model: {description}", file=sys.stderr)
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _prompt_or_labels(args):
+    if args.class_label is not None:
+        if args.prompt:
+            raise SystemExit("error: give a prompt or --class-label, not both")
+        return args.class_label
+    if not args.prompt:
+        raise SystemExit("error: give a prompt (text model) or --class-label N (class model)")
+    return args.prompt
+
+
+def _window_arg(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)  # the pipeline names a value below 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window must be an integer >= 1 or 'auto', got {text!r}") from None
+
+
+def _decode_kwargs(args) -> dict:
+    kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, epsilon_cutoff=args.epsilon_cutoff, window=args.window, jacobi_init=args.jacobi_init)
+    if args.coupling is not None:
+        kw["coupling"] = args.coupling == "on"
+    if args.gsd_group_size is not None:
+        kw["gsd_group_size"] = args.gsd_group_size
+    if args.lantern_k is not None:
+        kw["lantern_k"] = args.lantern_k
+    if args.lantern_delta is not None:
+        kw["lantern_delta"] = args.lantern_delta
+    return kw
+
+
+def cmd_generate(args) -> int:
+    pipe = load_pipeline(args.model)
+    out = pipe(_prompt_or_labels(args), decoding=args.decoding, seed=args.seed,
+               num_images_per_prompt=args.num_images, **_decode_kwargs(args))
+    paths = [args.output] if len(out.images) == 1 else [
+        str(Path(args.output).with_name(f"{Path(args.output).stem}_{i}{Path(args.output).suffix}"))
+        for i in range(len(out.images))]
+    for image, path in zip(out.images, paths):
+        _atomic_save(image, path)
+        print(path)
+    if args.stats:
+        print(out.stats.summary())
+        print(json.dumps(out.stats.to_dict()))
+    if args.acceptance_map:
+        g = pipe.transformer.grid_size
+        _atomic_save(out.stats.acceptance_map_image(g, g), args.acceptance_map)
+    return 0
+
+
+def _atomic_save(image, path: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    image.save(tmp, format=(path.suffix.lstrip(".") or "png").upper().replace("JPG", "JPEG"))
+    os.replace(tmp, path)
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_benchmark
+
+    pipe = load_pipeline(args.model)
+    prompts, scorer = args.prompt or None, None
+    if args.quality:
+        from ..eval.shapes_quality import score_shapes_folder
+        from ..worlds.shapes import evaluation_prompts
+
+        prompts = evaluation_prompts(per_task=args.per_task, seed=args.seed)
+        args.images = len(prompts)
+        scorer = score_shapes_folder
+    kwargs = _decode_kwargs(args)
+    kwargs.pop("coupling", None)  # a mode of its own: sjd+coupling
+    results = []
+    for batch_size in args.batch_sizes:
+        keep = None if args.keep_images is None else str(Path(args.keep_images) / f"batch{batch_size}")
+        result = run_benchmark(pipe, prompts=prompts, modes=args.modes.split(","), images=args.images, seed=args.seed,
+                               batch_size=batch_size, scorer=scorer, keep_images=keep, progress=True, **kwargs)
+        results.append(result)
+        print(f"batch {batch_size}, {result['images_per_mode']} images per mode, {result['machine']}")
+        print(result["table"], flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
+    return 0
+
+
+def cmd_convert_llamagen(args) -> int:
+    from ..pipelines.convert_llamagen import convert_llamagen
+
+    convert_llamagen(args.gpt, args.vq, args.out, gpt_model=args.gpt_model, vq_model=args.vq_model,
+                     image_size=args.image_size, text_encoder=args.text_encoder, key=args.key)
+    print(args.out)
+    return 0
+
+
+def cmd_batch(args) -> int:
+    import contextlib
+
+    from .batch import (combine_summaries, distributed_context, gather_summaries, generate_batch, rank_zero_first,
+                        read_prompts)
+
+    prompts = read_prompts(args.prompts)  # every rank fails the same way on a bad file, before any rendezvous
+    if (args.rank is None) != (args.world_size is None):
+        raise ValueError("give both --rank and --world-size, or neither (torchrun / accelerate set them)")
+    if args.world_size is not None and not (args.world_size >= 1 and 0 <= args.rank < args.world_size):
+        raise ValueError(f"--rank must be in [0, --world-size), got {args.rank} of {args.world_size}")
+    context = (contextlib.nullcontext((args.rank, args.world_size)) if args.world_size is not None
+               else distributed_context())
+    with context as (rank, world_size):
+        with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
+            pipe = load_pipeline(args.model)
+        device = args.device
+        if device is None:
+            import torch
+
+            device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+        pipe.to(device)
+        summary = generate_batch(pipe, prompts, args.out, images_per_prompt=args.images_per_prompt,
+                                 decoding=args.decoding, seed=args.seed, batch_size=args.batch_size,
+                                 chunk_size=args.chunk_size, rank=rank,
+                                 world_size=world_size, progress=not args.no_progress, **_decode_kwargs(args))
+        summaries = gather_summaries(summary)  # every rank's, when torchrun / accelerate started the ranks
+        if len(summaries) == 1:
+            print(json.dumps(summary))
+        elif rank == 0:
+            print(json.dumps(combine_summaries(summaries, len(prompts))))
+    return 0
+
+
+def geneval_main(argv=None) -> int:
+    """``visualspec eval geneval FOLDER ...``: score a GenEval-layout folder and print the summary."""
+    from ..eval.detectors import DETECTORS, get_detector
+    from ..eval.geneval import DEFAULT_OPTIONS, evaluate_folder, format_summary
+
+    parser = argparse.ArgumentParser(prog="visualspec eval geneval",
+                                     description="Score a GenEval-layout image folder.")
+    parser.add_argument("folder")
+    parser.add_argument("--detector", default="shapes", choices=sorted(DETECTORS))
+    parser.add_argument("--detector-path")
+    parser.add_argument("--clip-path")
+    parser.add_argument("--outfile")
+    parser.add_argument("--json", help="also write the summary as JSON here")
+    parser.add_argument("--options", nargs="*", default=[], metavar="KEY=VALUE",
+                        help=f"GenEval options: {', '.join(DEFAULT_OPTIONS)}")
+    args = parser.parse_args(argv)
+    try:
+        options = dict(opt.split("=", 1) for opt in args.options)
+    except ValueError:
+        parser.error("--options take KEY=VALUE")
+    kwargs = {}
+    if args.detector == "transformers":
+        kwargs = {"detector_path": args.detector_path, "clip_path": args.clip_path}
+    try:
+        summary = evaluate_folder(args.folder, get_detector(args.detector, **kwargs), args.outfile, **options)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    if args.metric == "geneval":
+        return geneval_main(args.rest)
+    from ..eval.fid import fid_from_folder
+    from ..eval.inception import inception_extractor
+
+    parser = argparse.ArgumentParser(prog="visualspec eval fid", description="FID of an image folder")
+    parser.add_argument("folder", help="image folder, or a GenEval-layout folder (its samples are used)")
+    parser.add_argument("--ref", help="reference statistics .npz (mu, sigma) or an image folder "
+                                      "(default with --features shapes: the shapes world's statistics)")
+    parser.add_argument("--features", default="shapes", choices=["shapes", "inception"])
+    parser.add_argument("--inception-weights", help="pt_inception-2015-12-05-6726825d.pth (pytorch-fid's weights)")
+    opts = parser.parse_args(args.rest)
+    if opts.features == "inception":
+        if not opts.inception_weights or not opts.ref:
+            raise ValueError("--features inception needs --inception-weights FILE and --ref FILE")
+        extractor = inception_extractor(opts.inception_weights)
+    else:
+        from ..eval.shapes_quality import REFERENCE_STATS, shapes_fid_extractor
+
+        extractor = shapes_fid_extractor()
+        opts.ref = opts.ref or str(REFERENCE_STATS)
+    folder = Path(opts.folder)
+    if folder.is_dir() and any(p.is_dir() and p.name.isdigit() for p in folder.iterdir()):
+        from ..eval.geneval import read_geneval_folder
+
+        images = [p for entry in read_geneval_folder(folder) for p in entry.images]
+    else:
+        images = folder
+    print(json.dumps({"fid": fid_from_folder(images, opts.ref, extractor), "features": opts.features,
+                      "reference": opts.ref}))
+    return 0
+
+
+def cmd_train_shapes(args) -> int:
+    from ..training.shapes import ShapesTrainingConfig, train_feature_net, train_shapes
+
+    if args.features_out:
+        train_feature_net(args.features_out)
+        print(args.features_out)
+    if args.out:
+        options = {k: getattr(args, k) for k in ("seed", "caption_order", "caption_positions", "text_steps")}
+        cfg = ShapesTrainingConfig(**{k: v for k, v in options.items() if v is not None})
+        train_shapes(args.out, args.work_dir, cfg)
+        print(args.out)
+    return 0
+
+
+def world_model(folder: str | None):
+    """The video pipeline: ``folder`` or the shipped arena world."""
+    from ..pipelines import NextFramePipeline
+    from ..assets import ARENA_NFD
+
+    folder = Path(folder) if folder else ARENA_NFD
+    if not (folder / "model_index.json").is_file():
+        raise SystemExit(f"no video pipeline in {folder} (train one with `visualspec train-arena --out {folder}`)")
+    pipe = NextFramePipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def cmd_video(args) -> int:
+    from ..pipelines import export_video
+
+    pipe = world_model(args.model)
+    actions = args.actions.split(",") if args.actions else None
+    if actions and args.frames and len(actions) < args.frames:  # hold the last key
+        actions += [actions[-1]] * (args.frames - len(actions))
+    out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
+               speculate=args.speculate, use_teacher=args.teacher)
+    export_video(out.frames, args.output)
+    print(json.dumps(out.stats.to_dict(), indent=1) if args.stats else args.output)
+    return 0
+
+
+def cmd_bench_video(args) -> int:
+    from .bench import run_video_benchmark
+
+    pipe = world_model(args.model)
+    result = run_video_benchmark(pipe, frames=args.frames, rounds=args.rounds, seed=args.seed)
+    if args.quality:
+        from ..eval.video import one_step_psnr, rollout_player_error
+
+        result["quality"] = {
+            "one_step": [one_step_psnr(pipe, episodes=args.episodes), one_step_psnr(pipe, args.episodes, use_teacher=True)],
+            "rollout_60": [rollout_player_error(pipe, episodes=args.episodes),
+                           rollout_player_error(pipe, episodes=args.episodes, speculate=4),
+                           rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)],
+        }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(result["table"])
+    if args.quality:
+        print(json.dumps(result["quality"], indent=1))
+    return 0
+
+
+def cmd_train_arena(args) -> int:
+    from ..training.arena import train_arena
+
+    train_arena(args.out, args.work_dir)
+    print(args.out)
+    return 0
+
+
+def cmd_bench_text(args) -> int:
+    from ..assets import TEXT_PAIR
+    from .bench_text import multidraft_gap, run_text_benchmark
+
+    args.pair = args.pair or str(TEXT_PAIR)
+    result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
+                                draft_window=args.draft_window, stop_below=args.draft_stop_below)
+    if args.multidraft_gap:
+        result["multidraft_gap"] = multidraft_gap(args.pair)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def cmd_train_text(args) -> int:
+    from ..training.text import train_text_pair
+
+    train_text_pair(args.out, args.work_dir)
+    print(args.out)
+    return 0
+
+
+def _add_decoding_args(p):
+    p.add_argument("--model", help="pipeline folder (default: the shipped model, else a tiny random one)")
+    p.add_argument("--guidance-scale", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None, help="default: the model's own (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--epsilon-cutoff", type=float, default=None,
+                   help="drop tokens below this conditional probability before guidance (default: the model's own)")
+    p.add_argument("--window", type=_window_arg, default="auto",
+                   help="tokens per target forward in speculative modes, or 'auto' (default): chosen each step from "
+                        "the measured cost of a window at this batch size on this machine")
+    p.add_argument("--coupling", choices=("on", "off"), default=None,
+                   help="coupled Jacobi drafts (lossless; default: the model's own)")
+    p.add_argument("--gsd-group-size", type=int, default=None, help="GSD group half-width (default: the model's own)")
+    p.add_argument("--jacobi-init", default=None, choices=JACOBI_INITS,
+                   help="how SJD/LANTERN fill fresh window positions (default: the model's own)")
+    p.add_argument("--lantern-k", type=int, default=None, help="default: the model's own")
+    p.add_argument("--lantern-delta", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="visualspec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate an image")
+    g.add_argument("prompt", nargs="?", help="text prompt (text-conditional models)")
+    g.add_argument("--class-label", type=int, default=None, help="class label (class-conditional models)")
+    g.add_argument("--decoding", default="sjd", choices=MODES)
+    g.add_argument("-o", "--output", default="out.png")
+    g.add_argument("--num-images", type=int, default=1)
+    g.add_argument("--stats", action="store_true", help="print the decode statistics")
+    g.add_argument("--acceptance-map", metavar="FILE", help="write the per-token acceptance iteration as a picture")
+    _add_decoding_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="AR vs SJD vs LANTERN, side by side in one run")
+    b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
+    b.add_argument("--modes", default="ar,sjd,sjd+coupling,lantern,gsd",
+                   help="comma-separated: ar, sjd, sjd+coupling, lantern, gsd, speculative")
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1],
+                   help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
+    b.add_argument("--images", type=int, default=4, help="images per mode")
+    b.add_argument("--json", help="also write the results to this JSON file")
+    b.add_argument("--quality", action="store_true",
+                   help="shapes world: benchmark on GenEval-shapes prompts and score GenEval-shapes and FID-shapes")
+    b.add_argument("--per-task", type=int, default=20, help="with --quality: prompts per GenEval task")
+    b.add_argument("--keep-images", metavar="DIR", help="keep the generated images here (one folder per mode)")
+    _add_decoding_args(b)
+    b.set_defaults(func=cmd_bench)
+
+    bt = sub.add_parser("batch", help="many prompts -> GenEval's folder layout (resumable, shardable)")
+    bt.add_argument("--prompts", required=True, metavar="FILE",
+                    help="prompt file: .jsonl (GenEval metadata, one object per line) or text (one prompt per line)")
+    bt.add_argument("--out", required=True, metavar="DIR", help="output folder (DIR/00000/samples/0000.png ...)")
+    bt.add_argument("--images-per-prompt", type=int, default=4)
+    bt.add_argument("--decoding", default="sjd", choices=MODES)
+    bt.add_argument("--batch-size", type=int, default=16,
+                    help="images decoding at once; a finished image's place goes to the next (continuous batching)")
+    bt.add_argument("--chunk-size", type=int, default=None,
+                    help="images per chunk, the unit of resume and sharding (default: 4 x --batch-size); "
+                         "with --batch-size, part of what fixes the pixels")
+    bt.add_argument("--rank", type=int, default=None, help="this shard (with --world-size; default: from torchrun)")
+    bt.add_argument("--world-size", type=int, default=None, help="number of shards (with --rank)")
+    bt.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")
+    bt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_decoding_args(bt)
+    bt.set_defaults(func=cmd_batch)
+
+    e = sub.add_parser("eval", help="score images: geneval FOLDER [...] | fid FOLDER [--ref FILE]",
+                       add_help=False)
+    e.add_argument("metric", choices=["geneval", "fid"])
+    e.add_argument("rest", nargs=argparse.REMAINDER)
+    e.set_defaults(func=cmd_eval)
+
+    t = sub.add_parser("train-shapes", help="train the shapes-world model (and the FID-shapes features)")
+    t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
+    t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
+    t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
+    # defaults (None) come from ShapesTrainingConfig, the shipped recipe
+    t.add_argument("--seed", type=int, help="the model's seed (the shipped run's: 0); the FID-shapes network's is fixed")
+    t.add_argument("--caption-order", choices=["raster", "random"],
+                   help="name two objects in the order they are drawn (the shipped model's recipe) or in either order")
+    t.add_argument("--caption-positions", action=argparse.BooleanOptionalAction,
+                   help="give the GPT's caption prefix a learned embedding per slot (the shipped recipe)")
+    t.add_argument("--text-steps", type=int,
+                   help="first train the text encoder this many steps to predict each word's neighbours, so its "
+                        "features carry word order, then freeze it (the shipped recipe: 500; 0: no text stage, "
+                        "the encoder trains with the GPT)")
+    t.set_defaults(func=cmd_train_shapes)
+
+    v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
+    v.add_argument("--model", help="video pipeline folder (default: the shipped arena model)")
+    v.add_argument("--actions", help="comma-separated actions (none, up, down, left, right); default: random keys")
+    v.add_argument("--frames", type=int, default=None, help="frames to generate (the last action is held)")
+    v.add_argument("--steps", type=int, default=None)
+    v.add_argument("--speculate", type=int, default=4, help="frames generated ahead while the action persists")
+    v.add_argument("--teacher", action="store_true", help="use the undistilled model")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--stats", action="store_true", help="print the statistics instead of the file name")
+    v.add_argument("-o", "--output", default="play.mp4")
+    v.set_defaults(func=cmd_video)
+
+    bv = sub.add_parser("bench-video", help="world model frames per second: teacher, distilled, speculation")
+    bv.add_argument("--model")
+    bv.add_argument("--frames", type=int, default=300)
+    bv.add_argument("--rounds", type=int, default=3)
+    bv.add_argument("--seed", type=int, default=0)
+    bv.add_argument("--quality", action="store_true", help="also one-step PSNR and 60-frame player rollouts")
+    bv.add_argument("--episodes", type=int, default=16)
+    bv.add_argument("--json", help="write the results here")
+    bv.set_defaults(func=cmd_bench_video)
+
+    ta = sub.add_parser("train-arena", help="train the arena-world video model")
+    ta.add_argument("--out", required=True, help="pipeline folder to write (e.g. assets/arena-nfd)")
+    ta.add_argument("--work-dir", default=str(cache_dir() / "train-arena"), help="checkpoints; rerun to resume")
+    ta.set_defaults(func=cmd_train_arena)
+
+    bt = sub.add_parser("bench-text", help="text speculative decoding vs transformers' generate and assisted generation")
+    bt.add_argument("--pair", default=None, help="folder written by train-text (default: the shipped pair)")
+    bt.add_argument("--prompts", type=int, default=8)
+    bt.add_argument("--new-tokens", type=int, default=128)
+    bt.add_argument("--window", type=int, default=6, help="tokens per target forward (model-free drafters)")
+    bt.add_argument("--draft-window", type=int, default=10, help="the draft model's window (drafts + 1)")
+    bt.add_argument("--draft-stop-below", type=float, default=0.2,
+                    help="the draft model stops drafting below this confidence")
+    bt.add_argument("--multidraft-gap", action="store_true", help="also the multi-draft verifiers vs the optimum")
+    bt.add_argument("--json", help="write the results here")
+    bt.set_defaults(func=cmd_bench_text)
+
+    tt = sub.add_parser("train-text", help="train a target and draft LM pair on the Python standard library")
+    tt.add_argument("--out", required=True, help="folder to write (tokenizer/, target/, draft/)")
+    tt.add_argument("--work-dir", default=str(cache_dir() / "train-text"), help="checkpoints; rerun to resume")
+    tt.set_defaults(func=cmd_train_text)
+
+    c = sub.add_parser("convert-llamagen", help="official LlamaGen checkpoints -> pipeline folder")
+    c.add_argument("--gpt", required=True, help="GPT checkpoint (.pt / consolidated.pth)")
+    c.add_argument("--gpt-model", required=True, help="size: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B")
+    c.add_argument("--vq", required=True, help="VQ tokenizer checkpoint (vq_ds16_c2i.pt ...)")
+    c.add_argument("--vq-model", default="VQ-16", choices=["VQ-16", "VQ-8"])
+    c.add_argument("--image-size", type=int, default=256)
+    c.add_argument("--text-encoder", help="local flan-t5-xl folder (text-conditional models)")
+    c.add_argument("--key", help="checkpoint entry holding the weights (default: model, ema, module, state_dict)")
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=cmd_convert_llamagen)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""Interactive video: a next-frame world model played frame by frame, with Next-Frame Diffusion's
+action-conditioned speculation (:class:`WorldSession`)."""
+
+from .session import VideoStats, WorldSession, denoise_frames, rollout, time_grid
+
+__all__ = ["WorldSession", "VideoStats", "denoise_frames", "rollout", "time_grid"]

@@ -1,0 +1,189 @@
+"""Next-frame video generation: flow-matching and consistency sampling of latent frames, and NFD's
+action-persistence speculation.
+
+A next-frame model (``visualspec.models.nfd.NextFrameDiT``) predicts the flow-matching velocity
+``v = noise - clean`` of new latent frames given a cache of past frames, per-frame times ``tau``
+and the actions that led to each frame. Two samplers share one loop, :func:`denoise_frames`:
+
+- ``"flow"`` (the undistilled model): Euler steps ``x <- x + (tau' - tau) v`` from tau = 1 to 0;
+- ``"consistency"`` (a consistency-distilled model): at each time the model's clean estimate
+  ``x0 = x - tau v`` is taken and, except at the last step, re-noised to the next time
+  ``x <- (1 - tau') x0 + tau' eps`` (multistep consistency sampling).
+
+Speculation (NFD): people hold keys, so the next action usually equals the current one. While it
+does, :class:`WorldSession` denoises the next ``speculate`` frames *together* (one block, as if the
+action persists) and shows them one by one; when the action changes the unseen ones are discarded
+and the world regenerates from the last frame shown. There is no quality check: a speculative
+frame is exactly what the model would produce for that action sequence from its own earlier
+samples, so a hit costs nothing in fidelity beyond joint (rather than one-by-one) denoising, which
+the model is trained for (every frame of a training sequence has its own noise level).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from ..core.sampling import Generator
+
+SAMPLERS = ("flow", "consistency")
+
+
+def time_grid(steps: int, sampler: str) -> list[float]:
+    """The times visited: ``steps + 1`` points from 1 to 0 (flow) or ``steps`` points (consistency)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
+    grid = [1.0 - i / steps for i in range(steps + 1)]
+    return grid if sampler == "flow" else grid[:-1]
+
+
+def _noise(shape, generator: Generator, device) -> torch.Tensor:
+    if isinstance(generator, (list, tuple)):  # one generator per row
+        return torch.stack([torch.randn(shape[1:], generator=g, device=device) for g in generator])
+    return torch.randn(shape, generator=generator, device=device)
+
+
+@torch.no_grad()
+def denoise_frames(model, cache, actions: torch.Tensor, steps: int, sampler: str = "flow",
+                   commit: tuple[torch.Tensor, torch.Tensor] | None = None, generator: Generator = None,
+                   context_noise: float = 0.0) -> tuple[torch.Tensor, int]:
+    """Generate ``actions.shape[1]`` new latent frames jointly after the cached ones.
+
+    ``actions`` (B, N): the action leading to each new frame. ``commit`` = (latents (B, P, C, h, w),
+    actions (B, P)): clean frames shown since the last call; the first forward appends them to the
+    cache (at time ``context_noise``, NFD's small context noise against drift). Returns the new
+    latents (B, N, C, h, w) and the number of model forwards used.
+    """
+    B, N = actions.shape
+    cfg = model.config
+    shape = (B, N, cfg.latent_channels, cfg.latent_size, cfg.latent_size)
+    x = _noise(shape, generator, model.device)
+    grid = time_grid(steps, sampler)
+    forwards = 0
+    for i, tau in enumerate(grid[:steps]):
+        inputs, taus, acts, write = x, torch.full((B, N), tau), actions, 0
+        if i == 0 and commit is not None and commit[0].shape[1] > 0:
+            clean, clean_actions = commit
+            if context_noise > 0:
+                clean = (1 - context_noise) * clean + context_noise * _noise(clean.shape, generator, model.device)
+            write = clean.shape[1]
+            inputs = torch.cat([clean.to(x.dtype), x], dim=1)
+            taus = torch.cat([torch.full((B, write), float(context_noise)), taus], dim=1)
+            acts = torch.cat([clean_actions, actions], dim=1)
+        v = model(inputs, taus.to(model.device), acts.to(model.device), cache=cache, write=write)[:, write:]
+        forwards += 1
+        if sampler == "flow":
+            x = x + (grid[i + 1] - tau) * v
+        else:
+            x0 = x - tau * v
+            x = x0 if i == steps - 1 else (1 - grid[i + 1]) * x0 + grid[i + 1] * _noise(shape, generator, x.device)
+    return x, forwards
+
+
+@dataclass
+class VideoStats:
+    """What a video generation or an interactive session cost, and how speculation paid off.
+
+    - ``frames``: frames shown; ``model_forwards``: transformer forward passes;
+    - ``speculated``: frames generated ahead under the assumption that the action persists (the
+      first frame of each block is not counted: it was asked for); ``hits``: of those, frames
+      shown; ``discarded``: frames thrown away because the action changed.
+    """
+
+    frames: int = 0
+    model_forwards: int = 0
+    generation_calls: int = 0
+    speculated: int = 0
+    hits: int = 0
+    discarded: int = 0
+    seconds: float = 0.0
+    frame_seconds: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of speculative frames that were shown (NaN before any speculation)."""
+        decided = self.hits + self.discarded
+        return self.hits / decided if decided else float("nan")
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("frame_seconds")
+        d.update(hit_rate=self.hit_rate, fps=self.fps)
+        return d
+
+
+class WorldSession:
+    """An interactive world: ``step(action)`` returns the next frame, speculating while the action
+    persists.
+
+    ``decode`` maps latents (N, C, h, w) to displayable frames (a list of N). ``first`` is the
+    initial context: latents (1, P, C, h, w) and the actions that led to them (1, P).
+    """
+
+    def __init__(self, model, decode: Callable, first: tuple[torch.Tensor, torch.Tensor], steps: int = 1,
+                 sampler: str = "consistency", speculate: int = 1, context_noise: float = 0.0,
+                 generator: Generator = None, action_index: Callable[[object], int] = int):
+        if speculate < 1:
+            raise ValueError(f"speculate must be >= 1 (1 = off), got {speculate}")
+        if speculate > model.config.context_frames:
+            raise ValueError(f"speculate must be at most the model's context_frames "
+                             f"({model.config.context_frames}), got {speculate}")
+        time_grid(steps, sampler)  # validates steps and sampler
+        self.model, self.decode = model, decode
+        self.steps, self.sampler, self.speculate = steps, sampler, speculate
+        self.context_noise, self.generator, self.action_index = context_noise, generator, action_index
+        self.cache = model.new_cache()
+        self.pending_latents, self.pending_actions = first  # shown, not yet in the cache
+        self.buffer: list[tuple[torch.Tensor, object]] = []  # (latent (1, C, h, w), frame) ahead
+        self.buffer_action: int | None = None
+        self.stats = VideoStats()
+
+    def step(self, action):
+        """Advance one frame under ``action`` and return the frame."""
+        start = time.perf_counter()
+        a = self.action_index(action)
+        if self.buffer and self.buffer_action == a:
+            self.stats.hits += 1
+        else:
+            self.stats.discarded += len(self.buffer)
+            self._generate(a)
+        latent, frame = self.buffer.pop(0)
+        self.pending_latents = torch.cat([self.pending_latents, latent[:, None]], dim=1)
+        self.pending_actions = torch.cat([self.pending_actions, torch.tensor([[a]])], dim=1)
+        elapsed = time.perf_counter() - start
+        self.stats.frames += 1
+        self.stats.seconds += elapsed
+        self.stats.frame_seconds.append(elapsed)
+        return frame
+
+    def _generate(self, a: int) -> None:
+        n = self.speculate
+        latents, forwards = denoise_frames(
+            self.model, self.cache, torch.full((1, n), a, dtype=torch.long), self.steps, self.sampler,
+            commit=(self.pending_latents, self.pending_actions), generator=self.generator,
+            context_noise=self.context_noise)
+        self.pending_latents = self.pending_latents[:, :0]
+        self.pending_actions = self.pending_actions[:, :0]
+        frames = self.decode(latents[0])
+        self.buffer = [(latents[:, i], frames[i]) for i in range(n)]
+        self.buffer_action = a
+        self.stats.model_forwards += forwards
+        self.stats.generation_calls += 1
+        self.stats.speculated += n - 1
+
+
+def rollout(model, decode: Callable, first, actions, steps: int = 1, sampler: str = "consistency",
+            speculate: int = 1, context_noise: float = 0.0, generator: Generator = None):
+    """Frames for a whole action sequence (open loop), through the same session logic."""
+    session = WorldSession(model, decode, first, steps, sampler, speculate, context_noise, generator)
+    frames = [session.step(a) for a in actions]
+    return frames, session.stats
