@@ -95,6 +95,9 @@ class LlamaGenPipeline(VisualSpecPipeline):
         if len(items) == 0:
             raise ValueError("the prompt list is empty")
         is_text = all(isinstance(x, str) for x in items)
+        empty = [i for i, x in enumerate(items) if isinstance(x, str) and not x.strip()]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} is empty; give each image a prompt")
         is_label = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items)
         if self.is_text_conditional and not is_text:
             raise ValueError("this LlamaGen model is text-conditional: pass a prompt string or a list of strings")

@@ -99,8 +99,9 @@ class NextFramePipeline(VisualSpecPipeline):
 
     def _session(self, seed, generator, steps, speculate, use_teacher) -> ArenaSession:
         model, sampler = self._model(use_teacher)
-        steps = steps or (self.config.default_teacher_steps if use_teacher else self.config.default_steps)
-        if not isinstance(steps, int) or steps < 1:
+        if steps is None:
+            steps = self.config.default_teacher_steps if use_teacher else self.config.default_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         if not isinstance(speculate, int) or speculate < 1:
             raise ValueError(f"speculate must be an integer >= 1 (1 = off), got {speculate!r}")
@@ -159,7 +160,8 @@ class NextFramePipeline(VisualSpecPipeline):
 
 
     def check_inputs(self, actions, num_frames, output_type) -> None:
-        """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
+        """Raise a ValueError naming the first bad argument of :meth:`__call__` (``steps`` and
+        ``speculate`` are checked where every session starts)."""
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
         if num_frames is None and actions is None:

@@ -72,3 +72,87 @@ def test_bench_quality_scores_the_timed_images(home, tmp_path):
         r = result["results"][mode]
         assert 0 <= r["geneval_overall"] <= 1 and r["fid_shapes"] >= 0 and len(r["geneval_tasks"]) == 6
         assert len(list((tmp_path / "imgs" / "batch1" / mode).glob("*/samples/0000.png"))) == 6
+
+
+def test_a_missing_shipped_model_is_an_error_never_a_random_model(tmp_path, monkeypatch, capsys):
+    """An installation without its shipped models says so; no command draws noise from a random
+    model in their place, or suggests training into the installation."""
+    import visualspec.assets
+    import visualspec.eval.shapes_quality as quality
+    from visualspec.worlds import shapes
+
+    empty = tmp_path / "empty"
+    for name in ("SHAPES_T2I", "ARENA_NFD"):
+        monkeypatch.setattr(visualspec.assets, name, empty / name)
+    monkeypatch.setattr(quality, "FEATURES_DIR", empty / "fid")
+    out = tmp_path / "out.png"
+    with pytest.raises(SystemExit, match="shipped model is missing from this installation"):
+        main(["generate", "a photo of a red circle", "-o", str(out)])
+    assert not out.exists()
+    with pytest.raises(SystemExit, match="shipped world model is missing from this installation"):
+        main(["video", "--frames", "2", "-o", str(tmp_path / "v.gif")])
+    images = tmp_path / "images"
+    shapes.write_geneval_folder(images, shapes.evaluation_prompts(per_task=1, seed=0), samples_per_prompt=1)
+    assert main(["eval", "fid", str(images)]) == 2
+    assert "missing from this installation" in capsys.readouterr().err
+
+
+def test_bad_command_lines_are_named_before_any_work(home, tmp_path, capsys):
+    from visualspec.assets import ARENA_NFD
+
+    assert main(["eval", "--help"]) == 0 and "eval geneval FOLDER" in capsys.readouterr().out
+    out = tmp_path / "x.png"
+    with pytest.raises(SystemExit, match="NextFramePipeline, not an image pipeline.*visualspec video"):
+        main(["generate", "a photo of a red circle", "--model", str(ARENA_NFD), "-o", str(out)])
+    with pytest.raises(SystemExit, match="unknown extension '.jpg2'"):
+        main(["generate", "a photo of a red circle", "-o", str(tmp_path / "x.jpg2")])
+    with pytest.raises(SystemExit, match="needs --draft-model"):
+        main(["generate", "a photo of a red circle", "--decoding", "speculative", "-o", str(out)])
+    with pytest.raises(SystemExit, match="give a prompt"):
+        main(["generate", "", "-o", str(out)])
+    assert main(["video", "--steps", "0", "--frames", "2", "-o", str(tmp_path / "v.gif")]) == 2
+    assert "steps must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "v.gif").exists()
+
+
+def test_the_python_api_refuses_an_empty_prompt_as_the_command_line_does():
+    from visualspec import VisualSpecPipeline
+    from visualspec.assets import SHAPES_T2I
+
+    pipe = VisualSpecPipeline.from_pretrained(SHAPES_T2I)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        pipe(["a photo of a red circle", "  "], output_type="latent")
+
+
+def test_speculative_decoding_takes_a_draft_model_folder(home, tmp_path, capsys):
+    from visualspec.assets import SHAPES_T2I
+
+    out = tmp_path / "spec.png"
+    assert main(["generate", "a photo of a red circle", "--decoding", "speculative", "--draft-model", str(SHAPES_T2I),
+                 "--window", "4", "-o", str(out), "--stats"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["mode"] == "speculative" and stats["draft_forwards"] > 0 and out.is_file()
+
+
+@pytest.mark.parametrize("text, frames, expected", [
+    ("right,up", 60, ["right"] * 30 + ["up"] * 30),
+    ("right,up,left", 7, ["right"] * 3 + ["up"] * 2 + ["left"] * 2),
+    ("right:10,up", 60, ["right"] * 10 + ["up"] * 50),
+    ("right:2,up:3", None, ["right"] * 2 + ["up"] * 3),
+    ("right,up", None, ["right", "up"]),
+])
+def test_video_actions_share_the_frames_as_the_readme_says(text, frames, expected):
+    from visualspec.tools.cli import action_script
+
+    assert action_script(text, frames) == expected
+
+
+def test_video_action_scripts_that_cannot_fill_the_frames_are_named():
+    from visualspec.tools.cli import action_script
+
+    with pytest.raises(ValueError, match="leaves 0 frames for 1 keys"):
+        action_script("right:60,up", 60)
+    with pytest.raises(ValueError, match="gives 5 frames but --frames is 4"):
+        action_script("right:2,up:3", 4)
+    with pytest.raises(ValueError, match="frame count must be an integer"):
+        action_script("right:x", None)

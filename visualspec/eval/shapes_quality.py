@@ -16,6 +16,9 @@ REFERENCE_STATS = FEATURES_DIR / "reference_stats.npz"
 
 def shapes_fid_extractor(folder=None) -> TorchFeatureExtractor:
     """The FID-shapes feature extractor (the shipped network unless ``folder`` names another)."""
+    if folder is None and not (FEATURES_DIR / "config.json").is_file():
+        raise FileNotFoundError(f"the shipped FID-shapes feature network is missing from this installation "
+                                f"({FEATURES_DIR} has no config.json); reinstall visualspec")
     folder = Path(folder or FEATURES_DIR)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no FID-shapes feature network in {folder} (train one with "

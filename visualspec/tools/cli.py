@@ -31,14 +31,14 @@ def cache_dir() -> Path:
 
 
 def default_model() -> tuple[str, str]:
-    """(folder, description) of the default model: the shipped one, else the tiny random one."""
+    """(folder, description) of the default model: the shipped one. A missing shipped model is an
+    error that says so; the tiny random model (tests only) is never substituted for it."""
     from ..assets import SHAPES_T2I as shipped
 
-    if (shipped / "model_index.json").is_file():
-        return str(shipped), "shipped shapes model"
-    from ..pipelines.tiny import TINY_RANDOM_NAME
-
-    return tiny_random_folder(), TINY_RANDOM_NAME
+    if not (shipped / "model_index.json").is_file():
+        raise SystemExit(f"error: the shipped model is missing from this installation ({shipped} has no "
+                         f"model_index.json); reinstall visualspec, or pass --model FOLDER")
+    return str(shipped), "shipped shapes model"
 
 
 def tiny_random_folder() -> str:
@@ -51,14 +51,45 @@ def tiny_random_folder() -> str:
     return str(folder)
 
 
-def load_pipeline(model: str | None):
-    from ..pipelines import VisualSpecPipeline
+def load_pipeline(model: str | None, draft_model: str | None = None):
+    """The image pipeline in ``model`` (default: the shipped one), with the draft model of
+    ``draft_model`` (a LlamaGen GPT folder, or a pipeline folder whose transformer drafts)."""
+    from ..pipelines import LlamaGenPipeline, VisualSpecPipeline
 
     folder, description = (model, model) if model else default_model()
     print(f"model: {description}", file=sys.stderr)
     pipe = VisualSpecPipeline.from_pretrained(folder)
+    if not isinstance(pipe, LlamaGenPipeline):
+        raise SystemExit(f"error: {folder} holds a {type(pipe).__name__}, not an image pipeline"
+                         + (" (a video model: use `visualspec video --model`)" if hasattr(pipe, "interactive") else ""))
+    if draft_model:
+        pipe.register_modules(draft_model=_draft_transformer(draft_model))
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def _draft_transformer(folder: str):
+    from ..models.llamagen import LlamaGenGPT
+    from ..pipelines import LlamaGenPipeline
+
+    if (Path(folder) / "model_index.json").is_file():
+        return LlamaGenPipeline.from_pretrained(folder).transformer
+    if (Path(folder) / "config.json").is_file():
+        return LlamaGenGPT.from_pretrained(folder).eval()
+    raise SystemExit(f"error: --draft-model {folder} is neither a pipeline folder nor a LlamaGen GPT folder")
+
+
+def check_image_path(path: str) -> str:
+    """An output path whose extension Pillow can write, else a clear error (before any work)."""
+    from PIL import Image
+
+    ext = Path(path).suffix.lower()
+    known = Image.registered_extensions()
+    if ext not in known or known[ext] not in Image.SAVE:
+        usable = ", ".join(e for e in (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif") if e in known)
+        raise SystemExit(f"error: cannot write an image to {path!r}: unknown extension {ext or '(none)'!r}; "
+                         f"use one of {usable}")
+    return path
 
 
 def _prompt_or_labels(args):
@@ -95,7 +126,13 @@ def _decode_kwargs(args) -> dict:
 
 
 def cmd_generate(args) -> int:
-    pipe = load_pipeline(args.model)
+    check_image_path(args.output)
+    if args.acceptance_map:
+        check_image_path(args.acceptance_map)
+    if args.decoding == "speculative" and not args.draft_model:
+        raise SystemExit("error: --decoding speculative needs --draft-model FOLDER (a smaller LlamaGen of the same "
+                         "vocabulary), or use --decoding sjd")
+    pipe = load_pipeline(args.model, args.draft_model)
     out = pipe(_prompt_or_labels(args), decoding=args.decoding, seed=args.seed,
                num_images_per_prompt=args.num_images, **_decode_kwargs(args))
     paths = [args.output] if len(out.images) == 1 else [
@@ -117,14 +154,16 @@ def _atomic_save(image, path: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    image.save(tmp, format=(path.suffix.lstrip(".") or "png").upper().replace("JPG", "JPEG"))
+    from PIL import Image
+
+    image.save(tmp, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
     os.replace(tmp, path)
 
 
 def cmd_bench(args) -> int:
     from .bench import run_benchmark
 
-    pipe = load_pipeline(args.model)
+    pipe = load_pipeline(args.model, args.draft_model)
     prompts, scorer = args.prompt or None, None
     if args.quality:
         from ..eval.shapes_quality import score_shapes_folder
@@ -172,7 +211,7 @@ def cmd_batch(args) -> int:
                else distributed_context())
     with context as (rank, world_size):
         with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
-            pipe = load_pipeline(args.model)
+            pipe = load_pipeline(args.model, args.draft_model)
         device = args.device
         if device is None:
             import torch
@@ -278,9 +317,12 @@ def world_model(folder: str | None):
     from ..pipelines import NextFramePipeline
     from ..assets import ARENA_NFD
 
+    if folder is None and not (ARENA_NFD / "model_index.json").is_file():
+        raise SystemExit(f"error: the shipped world model is missing from this installation ({ARENA_NFD} has no "
+                         f"model_index.json); reinstall visualspec, or pass --model FOLDER")
     folder = Path(folder) if folder else ARENA_NFD
     if not (folder / "model_index.json").is_file():
-        raise SystemExit(f"no video pipeline in {folder} (train one with `visualspec train-arena --out {folder}`)")
+        raise SystemExit(f"error: no video pipeline in {folder} (train one with `visualspec train-arena --out {folder}`)")
     pipe = NextFramePipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -289,15 +331,44 @@ def world_model(folder: str | None):
 def cmd_video(args) -> int:
     from ..pipelines import export_video
 
+    actions = action_script(args.actions, args.frames) if args.actions else None
     pipe = world_model(args.model)
-    actions = args.actions.split(",") if args.actions else None
-    if actions and args.frames and len(actions) < args.frames:  # hold the last key
-        actions += [actions[-1]] * (args.frames - len(actions))
     out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
                speculate=args.speculate, use_teacher=args.teacher)
     export_video(out.frames, args.output)
     print(json.dumps(out.stats.to_dict(), indent=1) if args.stats else args.output)
     return 0
+
+
+def action_script(text: str, frames: int | None) -> list[str]:
+    """``--actions`` -> one action per frame. ``key:n`` holds a key for n frames; keys without a
+    count share the frames left by the counted ones evenly (the earlier keys get one more when they
+    do not divide), or take one frame each when ``frames`` is not given.
+
+    ``right,up`` with 60 frames: 30 right, then 30 up; ``right:10,up`` with 60: 10 right, 50 up.
+    """
+    keys, counts = [], []
+    for i, item in enumerate(text.split(","), 1):
+        key, _, count = item.strip().partition(":")
+        if not key:
+            raise ValueError(f"--actions item {i} is empty (got {text!r})")
+        if count and (not count.isdigit() or int(count) < 1):
+            raise ValueError(f"--actions item {i} ({item!r}): the frame count must be an integer >= 1")
+        keys.append(key)
+        counts.append(int(count) if count else None)
+    free = [i for i, c in enumerate(counts) if c is None]
+    fixed = sum(c for c in counts if c is not None)
+    if frames is not None and free:
+        left = frames - fixed
+        if left < len(free):
+            raise ValueError(f"--frames {frames} leaves {max(left, 0)} frames for {len(free)} keys without a count")
+        for j, i in enumerate(free):
+            counts[i] = left // len(free) + (1 if j < left % len(free) else 0)
+    counts = [1 if c is None else c for c in counts]
+    script = [key for key, c in zip(keys, counts) for _ in range(c)]
+    if frames is not None and len(script) != frames:
+        raise ValueError(f"--actions gives {len(script)} frames but --frames is {frames}")
+    return script
 
 
 def cmd_bench_video(args) -> int:
@@ -355,7 +426,10 @@ def cmd_train_text(args) -> int:
 
 
 def _add_decoding_args(p):
-    p.add_argument("--model", help="pipeline folder (default: the shipped model, else a tiny random one)")
+    p.add_argument("--model", help="pipeline folder (default: the shipped model)")
+    p.add_argument("--draft-model", metavar="FOLDER",
+                   help="for --decoding speculative: a smaller LlamaGen of the same vocabulary (its pipeline folder, "
+                        "or its GPT folder)")
     p.add_argument("--guidance-scale", type=float, default=None)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default: the model's own (0 = off)")
@@ -447,8 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
     v.add_argument("--model", help="video pipeline folder (default: the shipped arena model)")
-    v.add_argument("--actions", help="comma-separated actions (none, up, down, left, right); default: random keys")
-    v.add_argument("--frames", type=int, default=None, help="frames to generate (the last action is held)")
+    v.add_argument("--actions", help="comma-separated keys (none, up, down, left, right), each optionally with a "
+                                     "frame count (right:30); keys without a count share --frames evenly; "
+                                     "default: random keys")
+    v.add_argument("--frames", type=int, default=None, help="frames to generate")
     v.add_argument("--steps", type=int, default=None)
     v.add_argument("--speculate", type=int, default=4, help="frames generated ahead while the action persists")
     v.add_argument("--teacher", action="store_true", help="use the undistilled model")
@@ -502,7 +578,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EVAL_HELP = """usage: visualspec eval {geneval,fid} ...
+
+score a folder of images:
+  visualspec eval geneval FOLDER [--outfile FILE] [--json FILE] [--detector {shapes,transformers}] ...
+  visualspec eval fid FOLDER [--ref STATS.npz | --ref FOLDER] [--features {shapes,inception}] ...
+
+`visualspec eval geneval --help` and `visualspec eval fid --help` list every option."""
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["eval"] and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+        print(EVAL_HELP, file=sys.stdout if len(argv) > 1 else sys.stderr)
+        return 0 if len(argv) > 1 else 2
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
