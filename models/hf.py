@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 
@@ -29,6 +30,8 @@ class HFCausalLM:
         if not getattr(model.config, "use_cache", True):
             raise ValueError(f"{type(model).__name__} has use_cache=False; speculative decoding needs a KV cache")
         self.model = model
+        forward = inspect.signature(model.forward).parameters
+        self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
         head = model.get_output_embeddings()
         self.vocab_size = head.weight.shape[0]
         self.cache = None
@@ -48,7 +51,10 @@ class HFCausalLM:
             self.softcap = getattr(model.config, "final_logit_softcapping", None)
 
     def _logits(self, last_only: bool = False, **inputs) -> torch.Tensor:
-        """Logits of the model (all V columns, or the K ``head_rows``) for ``inputs``."""
+        """Logits of the model (all V columns, or the K ``head_rows``) for ``inputs``. The KV cache
+        goes in under the keyword this transformers version names it (``cache``, formerly
+        ``past_key_values``)."""
+        inputs[self._cache_keyword] = inputs.pop("past_key_values")
         if self.head_rows is None:
             return self.model(**inputs).logits
         hidden = self.model.base_model(**inputs).last_hidden_state

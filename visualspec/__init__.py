@@ -9,27 +9,24 @@ The layers, each a subpackage with imports pointing only down (docs/architecture
 - :mod:`visualspec.eval` and :mod:`visualspec.training`;
 - :mod:`visualspec.tools`: the command line, batch generation and the benchmarks.
 
-The public names below are the core's, plus two entry points imported on first use, so that
-importing the core never pulls in a higher layer.
+The public names below are imported on first use, so that importing the core never pulls in a
+higher layer.
 """
 
 __version__ = "0.1.0"
 
-from .core.engine import TokenModel, decode  # noqa: E402
-from .core.sampling import SamplingConfig  # noqa: E402
-from .core.stats import DecodeStats  # noqa: E402
-
 __all__ = ["VisualSpecPipeline", "SamplingConfig", "DecodeStats", "TokenModel", "decode", "generate_text",
            "TextOutput"]
 
+# every public name is imported on first use, so `import visualspec` (and the command line's
+# start-up) loads neither torch nor diffusers until a name is needed
+_WHERE = {"VisualSpecPipeline": "pipelines", "SamplingConfig": "core.sampling", "DecodeStats": "core.stats",
+          "TokenModel": "core.engine", "decode": "core.engine", "generate_text": "text", "TextOutput": "text"}
+
 
 def __getattr__(name):
-    if name == "VisualSpecPipeline":
-        from .pipelines import VisualSpecPipeline
+    if name not in _WHERE:
+        raise AttributeError(f"module 'visualspec' has no attribute {name!r}")
+    import importlib
 
-        return VisualSpecPipeline
-    if name in ("generate_text", "TextOutput"):
-        from . import text
-
-        return getattr(text, name)
-    raise AttributeError(f"module 'visualspec' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

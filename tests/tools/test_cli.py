@@ -156,3 +156,30 @@ def test_video_action_scripts_that_cannot_fill_the_frames_are_named():
         action_script("right:2,up:3", 4)
     with pytest.raises(ValueError, match="frame count must be an integer"):
         action_script("right:x", None)
+
+
+def test_the_command_line_starts_without_torch_diffusers_or_transformers():
+    """Parsing (and --help) imports none of the heavy libraries; a command imports what it needs."""
+    import sys
+
+    code = ("import sys; from visualspec.tools.cli import build_parser; build_parser().parse_args(['generate', 'x']); "
+            "print(sorted({'torch', 'diffusers', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_command_takes_a_thread_count(home, tmp_path, monkeypatch):
+    import torch
+
+    from visualspec.tools.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        assert any("--threads" in action.option_strings for action in command._actions), name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "x", "--threads", "0"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    calls = []
+    assert main(["generate", "a photo of a red circle", "--threads", "1", "-o", str(tmp_path / "t.png")]) == 0
+    assert calls == [1]

@@ -449,11 +449,25 @@ def _add_decoding_args(p):
     p.add_argument("--seed", type=int, default=0)
 
 
+def _threads_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--threads must be an integer >= 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="visualspec", description=__doc__.split("\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--threads", type=_threads_arg, default=None,
+                        help="torch threads (default: torch's own, one per core); on a machine where other "
+                             "work is running, fewer threads (often 1) can be several times faster")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate an image")
+    g = sub.add_parser("generate", parents=[common], help="generate an image")
     g.add_argument("prompt", nargs="?", help="text prompt (text-conditional models)")
     g.add_argument("--class-label", type=int, default=None, help="class label (class-conditional models)")
     g.add_argument("--decoding", default="sjd", choices=MODES)
@@ -464,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(g)
     g.set_defaults(func=cmd_generate)
 
-    b = sub.add_parser("bench", help="AR vs SJD vs LANTERN, side by side in one run")
+    b = sub.add_parser("bench", parents=[common], help="AR vs SJD vs LANTERN, side by side in one run")
     b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
     b.add_argument("--modes", default="ar,sjd,sjd+coupling,lantern,gsd",
                    help="comma-separated: ar, sjd, sjd+coupling, lantern, gsd, speculative")
@@ -479,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(b)
     b.set_defaults(func=cmd_bench)
 
-    bt = sub.add_parser("batch", help="many prompts -> GenEval's folder layout (resumable, shardable)")
+    bt = sub.add_parser("batch", parents=[common], help="many prompts -> GenEval's folder layout (resumable, shardable)")
     bt.add_argument("--prompts", required=True, metavar="FILE",
                     help="prompt file: .jsonl (GenEval metadata, one object per line) or text (one prompt per line)")
     bt.add_argument("--out", required=True, metavar="DIR", help="output folder (DIR/00000/samples/0000.png ...)")
@@ -497,13 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(bt)
     bt.set_defaults(func=cmd_batch)
 
-    e = sub.add_parser("eval", help="score images: geneval FOLDER [...] | fid FOLDER [--ref FILE]",
+    e = sub.add_parser("eval", parents=[common], help="score images: geneval FOLDER [...] | fid FOLDER [--ref FILE]",
                        add_help=False)
     e.add_argument("metric", choices=["geneval", "fid"])
     e.add_argument("rest", nargs=argparse.REMAINDER)
     e.set_defaults(func=cmd_eval)
 
-    t = sub.add_parser("train-shapes", help="train the shapes-world model (and the FID-shapes features)")
+    t = sub.add_parser("train-shapes", parents=[common], help="train the shapes-world model (and the FID-shapes features)")
     t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
     t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
     t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
@@ -519,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the encoder trains with the GPT)")
     t.set_defaults(func=cmd_train_shapes)
 
-    v = sub.add_parser("video", help="play an action script in the arena world model -> .mp4 / .gif")
+    v = sub.add_parser("video", parents=[common], help="play an action script in the arena world model -> .mp4 / .gif")
     v.add_argument("--model", help="video pipeline folder (default: the shipped arena model)")
     v.add_argument("--actions", help="comma-separated keys (none, up, down, left, right), each optionally with a "
                                      "frame count (right:30); keys without a count share --frames evenly; "
@@ -533,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("-o", "--output", default="play.mp4")
     v.set_defaults(func=cmd_video)
 
-    bv = sub.add_parser("bench-video", help="world model frames per second: teacher, distilled, speculation")
+    bv = sub.add_parser("bench-video", parents=[common], help="world model frames per second: teacher, distilled, speculation")
     bv.add_argument("--model")
     bv.add_argument("--frames", type=int, default=300)
     bv.add_argument("--rounds", type=int, default=3)
@@ -543,12 +557,12 @@ def build_parser() -> argparse.ArgumentParser:
     bv.add_argument("--json", help="write the results here")
     bv.set_defaults(func=cmd_bench_video)
 
-    ta = sub.add_parser("train-arena", help="train the arena-world video model")
+    ta = sub.add_parser("train-arena", parents=[common], help="train the arena-world video model")
     ta.add_argument("--out", required=True, help="pipeline folder to write (e.g. assets/arena-nfd)")
     ta.add_argument("--work-dir", default=str(cache_dir() / "train-arena"), help="checkpoints; rerun to resume")
     ta.set_defaults(func=cmd_train_arena)
 
-    bt = sub.add_parser("bench-text", help="text speculative decoding vs transformers' generate and assisted generation")
+    bt = sub.add_parser("bench-text", parents=[common], help="text speculative decoding vs transformers' generate and assisted generation")
     bt.add_argument("--pair", default=None, help="folder written by train-text (default: the shipped pair)")
     bt.add_argument("--prompts", type=int, default=8)
     bt.add_argument("--new-tokens", type=int, default=128)
@@ -560,12 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--json", help="write the results here")
     bt.set_defaults(func=cmd_bench_text)
 
-    tt = sub.add_parser("train-text", help="train a target and draft LM pair on the Python standard library")
+    tt = sub.add_parser("train-text", parents=[common], help="train a target and draft LM pair on the Python standard library")
     tt.add_argument("--out", required=True, help="folder to write (tokenizer/, target/, draft/)")
     tt.add_argument("--work-dir", default=str(cache_dir() / "train-text"), help="checkpoints; rerun to resume")
     tt.set_defaults(func=cmd_train_text)
 
-    c = sub.add_parser("convert-llamagen", help="official LlamaGen checkpoints -> pipeline folder")
+    c = sub.add_parser("convert-llamagen", parents=[common], help="official LlamaGen checkpoints -> pipeline folder")
     c.add_argument("--gpt", required=True, help="GPT checkpoint (.pt / consolidated.pth)")
     c.add_argument("--gpt-model", required=True, help="size: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B")
     c.add_argument("--vq", required=True, help="VQ tokenizer checkpoint (vq_ds16_c2i.pt ...)")
@@ -593,6 +607,10 @@ def main(argv=None) -> int:
         print(EVAL_HELP, file=sys.stdout if len(argv) > 1 else sys.stderr)
         return 0 if len(argv) > 1 else 2
     args = build_parser().parse_args(argv)
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
