@@ -89,6 +89,13 @@ class LlamaGenPipeline(VisualSpecPipeline):
         given = prompt if prompt is not None else class_labels
         if given is None:
             raise ValueError("nothing to generate: pass a prompt (text model) or class labels (class model)")
+        items = [x for x in self._conditions_items(given) for _ in range(num_images_per_prompt)]
+        if not self.is_text_conditional:
+            return torch.tensor(items, dtype=torch.long, device=self.device)
+        return self.encode_prompt(items)
+
+    def _conditions_items(self, given) -> list:
+        """The prompts or class labels of a call as a list, checked for the model's kind."""
         if isinstance(given, torch.Tensor):
             given = given.tolist()
         items = given if isinstance(given, (list, tuple)) else [given]
@@ -97,7 +104,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         is_text = all(isinstance(x, str) for x in items)
         empty = [i for i, x in enumerate(items) if isinstance(x, str) and not x.strip()]
         if empty:
-            raise ValueError(f"prompt {empty[0]} is empty; give each image a prompt")
+            raise ValueError(f"prompts[{empty[0]}] is empty; give each image a prompt")
         is_label = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items)
         if self.is_text_conditional and not is_text:
             raise ValueError("this LlamaGen model is text-conditional: pass a prompt string or a list of strings")
@@ -110,10 +117,23 @@ class LlamaGenPipeline(VisualSpecPipeline):
             bad = [x for x in items if not 0 <= x < n]
             if bad:
                 raise ValueError(f"class labels must be in [0, {n}), got {bad}")
-        items = [x for x in items for _ in range(num_images_per_prompt)]
-        if not self.is_text_conditional:
-            return torch.tensor(items, dtype=torch.long, device=self.device)
-        return self.encode_prompt(items)
+        return list(items)
+
+    def check_prompt(self, prompt) -> None:
+        """Raise a ValueError naming what this pipeline cannot draw from ``prompt`` (a string for a
+        text model, a class label for a class model): an empty prompt, a word the text encoder does
+        not know, a label out of range. Cheap: nothing is encoded."""
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError("the prompt is empty")
+        self._conditions_items([prompt])
+        if self.is_text_conditional:
+            self._check_words(prompt, self.tokenizer(prompt, add_special_tokens=True).input_ids)
+
+    def _check_words(self, prompt: str, ids) -> None:
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is not None and unk in list(ids):
+            words = [w for w in prompt.split() if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
+            raise ValueError(f"prompt {prompt!r} has words the text encoder does not know: {words}")
 
     def encode_prompt(self, prompts: list[str]):
         """Prompts -> (caption features (B, T, C), mask (B, T)), left-padded like LlamaGen."""
@@ -121,12 +141,8 @@ class LlamaGenPipeline(VisualSpecPipeline):
             raise ValueError("this text-conditional pipeline has no text_encoder/tokenizer to encode prompts")
         T = self.transformer.config.cls_token_num
         enc = self.tokenizer(prompts, padding="max_length", max_length=T, truncation=True, return_tensors="pt")
-        unk = getattr(self.tokenizer, "unk_token_id", None)
-        if unk is not None:
-            for prompt, ids in zip(prompts, enc.input_ids):
-                if (ids == unk).any():
-                    words = [w for w in prompt.split() if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
-                    raise ValueError(f"prompt {prompt!r} has words the text encoder does not know: {words}")
+        for prompt, ids in zip(prompts, enc.input_ids):
+            self._check_words(prompt, ids)
         ids, mask = enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
         feats = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         if feats.shape[-1] != self.transformer.config.caption_dim:

@@ -319,3 +319,29 @@ def test_auto_windows_resume_byte_identically_from_the_recorded_costs(pipe, tmp_
     counting = NoMeasuring(pipe)
     assert run(counting, out, batch_size=2, chunk_size=6, **kw)["generated"] == 1 and counting.calls == 1
     assert snapshot(out) == reference
+
+
+def test_a_bad_prompt_is_named_by_file_and_line_before_anything_is_written(tiny, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a photo of a red circle\n\n# a comment\na photo of a blue zeppelin\n")
+    out = tmp_path / "images"
+    assert main(["batch", "--prompts", str(prompts), "--out", str(out), "--model", tiny, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{prompts}, line 4: " in err and "zeppelin" in err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="^prompt 2: .*zeppelin"):
+        run(load_pipeline(tiny), out, prompts=["a photo of a red circle", "a photo of a blue zeppelin"])
+    assert not out.exists()
+
+
+def test_a_corrected_prompt_file_resumes(pipe, reference, tmp_path):
+    """A prompt whose images were never drawn may change (an earlier run left its metadata); one
+    whose images exist may not."""
+    folder, _, expected = reference
+    out = tmp_path / "images"
+    shutil.copytree(folder, out)
+    for png in (out / "00002" / "samples").glob("*.png"):
+        png.unlink()
+    (out / "00002" / "metadata.jsonl").write_text(json.dumps({"prompt": "a photo of a blue zeppelin"}) + "\n")
+    summary = run(pipe, out)
+    assert summary["generated"] == 2 and snapshot(out) == expected

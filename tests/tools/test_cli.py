@@ -120,7 +120,7 @@ def test_the_python_api_refuses_an_empty_prompt_as_the_command_line_does():
     from visualspec.assets import SHAPES_T2I
 
     pipe = VisualSpecPipeline.from_pretrained(SHAPES_T2I)
-    with pytest.raises(ValueError, match="prompt 1 is empty"):
+    with pytest.raises(ValueError, match=r"prompts\[1\] is empty"):
         pipe(["a photo of a red circle", "  "], output_type="latent")
 
 

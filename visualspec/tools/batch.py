@@ -64,7 +64,15 @@ _RESERVED_KWARGS = ("prompt", "class_labels", "generator", "seed", "num_images_p
 
 
 def read_prompts(path) -> list[dict]:
-    """Read a prompt file into a list of metadata dicts, each with at least a string ``prompt``.
+    """Read a prompt file into a list of metadata dicts, each with at least a string ``prompt``
+    (:func:`read_prompt_lines` without the line numbers).
+    """
+    return [meta for _, meta in read_prompt_lines(path)]
+
+
+def read_prompt_lines(path) -> list[tuple[int, dict]]:
+    """Read a prompt file into ``(line number from 1, metadata dict)`` pairs, each dict with at
+    least a string ``prompt``.
 
     - ``*.jsonl``: GenEval's format, one JSON object per line with ``prompt`` (and usually ``tag``,
       ``include``, ``exclude``); every field is kept. Blank lines are skipped.
@@ -81,14 +89,14 @@ def read_prompts(path) -> list[dict]:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first prompt
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err})") from None
-    prompts: list[dict] = []
+    prompts: list[tuple[int, dict]] = []
     jsonl = path.suffix.lower() == ".jsonl"
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or (not jsonl and line.startswith("#")):
             continue
         if not jsonl:
-            prompts.append({"prompt": line})
+            prompts.append((number, {"prompt": line}))
             continue
         try:
             obj = json.loads(line)
@@ -100,7 +108,7 @@ def read_prompts(path) -> list[dict]:
             raise ValueError(f"{path}, line {number}: the object has no 'prompt' field")
         if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
             raise ValueError(f"{path}, line {number}: 'prompt' must be a non-empty string, got {obj['prompt']!r}")
-        prompts.append(obj)
+        prompts.append((number, obj))
     return prompts
 
 
@@ -179,18 +187,37 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def check_prompts(pipe, labelled: list[tuple[str, dict]]) -> None:
+    """Check every prompt with the pipeline's ``check_prompt`` before anything is drawn or
+    written; the first bad one raises a ValueError that starts with its label (``"prompts.jsonl,
+    line 7"``, ``"prompt 7"``)."""
+    check = getattr(pipe, "check_prompt", None)
+    if check is None:
+        return
+    for label, meta in labelled:
+        try:
+            check(meta["prompt"])
+        except ValueError as err:
+            raise ValueError(f"{label}: {err}") from None
+
+
 def _check_metadata(out_dir, index: int, meta: dict) -> None:
-    """Write ``metadata.jsonl`` of prompt ``index``, or check that the one there is the same prompt."""
+    """Write ``metadata.jsonl`` of prompt ``index``, or check that the one there is the same prompt.
+    A different prompt is refused only once images of it exist: a prompt corrected before any of
+    its images was drawn simply replaces the old one, so a fixed prompt file resumes."""
     path = prompt_dir(out_dir, index) / "metadata.jsonl"
     if path.is_file():
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             old = None
-        if old != meta:
-            raise ValueError(f"{path} holds a different prompt ({old!r}) than line {index} of this prompt list "
-                             f"({meta!r}); write to a fresh --out folder or use the same prompt file")
-        return
+        drawn = any((prompt_dir(out_dir, index) / "samples").glob("*.png"))
+        if old != meta and drawn:
+            raise ValueError(f"{path} holds a different prompt ({old!r}) than prompt {index + 1} of this prompt "
+                             f"list ({meta!r}), and its images exist; write to a fresh --out folder or use the "
+                             f"same prompt file")
+        if old == meta:
+            return
     line = (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")
     atomic_write(path, lambda f: f.write(line))
 
@@ -263,9 +290,10 @@ def generate_batch(
     """
     t0 = time.perf_counter()
     metas = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
-    for n, meta in enumerate(metas):
+    for n, meta in enumerate(metas, start=1):
         if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
             raise ValueError(f"prompt {n} must be a string or a dict with a string 'prompt', got {meta!r}")
+    check_prompts(pipe, [(f"prompt {n}", meta) for n, meta in enumerate(metas, start=1)])
     for name, value, low in (("images_per_prompt", images_per_prompt, 1), ("world_size", world_size, 1),
                              ("seed", seed, None), ("rank", rank, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):

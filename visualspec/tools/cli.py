@@ -199,10 +199,11 @@ def cmd_convert_llamagen(args) -> int:
 def cmd_batch(args) -> int:
     import contextlib
 
-    from .batch import (combine_summaries, distributed_context, gather_summaries, generate_batch, rank_zero_first,
-                        read_prompts)
+    from .batch import (check_prompts, combine_summaries, distributed_context, gather_summaries, generate_batch,
+                        rank_zero_first, read_prompt_lines)
 
-    prompts = read_prompts(args.prompts)  # every rank fails the same way on a bad file, before any rendezvous
+    lines = read_prompt_lines(args.prompts)  # every rank fails the same way on a bad file, before any rendezvous
+    prompts = [meta for _, meta in lines]
     if (args.rank is None) != (args.world_size is None):
         raise ValueError("give both --rank and --world-size, or neither (torchrun / accelerate set them)")
     if args.world_size is not None and not (args.world_size >= 1 and 0 <= args.rank < args.world_size):
@@ -212,6 +213,7 @@ def cmd_batch(args) -> int:
     with context as (rank, world_size):
         with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
             pipe = load_pipeline(args.model, args.draft_model)
+        check_prompts(pipe, [(f"{args.prompts}, line {number}", meta) for number, meta in lines])
         device = args.device
         if device is None:
             import torch
