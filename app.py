@@ -34,6 +34,18 @@ MODES = ["sjd", "lantern", "ar"]
 WORLD_DIR = ARENA_NFD
 
 
+SHOWN = 384  # pixels a side: small images are shown this large, pixel for pixel, as the video tab does
+
+
+def shown(image):
+    """``image`` enlarged by a whole factor to about ``SHOWN`` pixels a side, each pixel a square
+    (nearest neighbour), so a 64 x 64 image is not drawn tiny or blurred."""
+    from PIL import Image
+
+    factor = max(1, SHOWN // max(image.size))
+    return image.resize((image.width * factor, image.height * factor), Image.NEAREST)
+
+
 class ImageDemo:
     """The functions behind the image tab (plain Python, so they can be tested without a browser)."""
 
@@ -44,7 +56,8 @@ class ImageDemo:
     def generate(self, prompt: str, decoding: str, guidance_scale: float, seed: int):
         out = self.pipe(prompt, decoding=decoding, guidance_scale=guidance_scale, seed=int(seed))
         stats = out.stats
-        return out.images[0], stats.acceptance_map_image(self.grid, self.grid), json.dumps(stats.to_dict(), indent=1)
+        amap = stats.acceptance_map_image(self.grid, self.grid, scale=1)
+        return shown(out.images[0]), shown(amap), json.dumps(stats.to_dict(), indent=1)
 
     def compare(self, prompt: str, guidance_scale: float, seed: int):
         """AR and SJD on the same prompt and seed, one after the other."""
@@ -52,7 +65,7 @@ class ImageDemo:
         images = []
         for mode in ("ar", "sjd"):
             out = self.pipe(prompt, decoding=mode, guidance_scale=guidance_scale, seed=int(seed))
-            images.append(out.images[0])
+            images.append(shown(out.images[0]))
             rows.append([mode, out.stats.target_forwards, round(out.stats.mean_accepted, 2),
                          round(out.stats.wall_time_s, 3)])
         rows.append(["AR / SJD", round(rows[0][1] / rows[1][1], 2), "", round(rows[0][3] / rows[1][3], 2)])

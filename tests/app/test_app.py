@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from PIL import Image
 
 import app  # noqa: E402
 
@@ -18,7 +19,9 @@ def demo_fns(tmp_path_factory):
 
 def test_generate_returns_image_map_and_stats(demo_fns):
     image, amap, stats = demo_fns.generate("a photo of a red circle", "sjd", 4.0, 0)
-    assert image.size == (64, 64) and amap.size == (128, 128)
+    assert image.size == (384, 384) and amap.size == (384, 384)  # shown large: 64 x 64 and 16 x 16, pixel for pixel
+    small = image.resize((64, 64), Image.NEAREST)
+    assert small.resize((384, 384), Image.NEAREST).tobytes() == image.tobytes()
     assert json.loads(stats)["mode"] == "sjd"
 
 

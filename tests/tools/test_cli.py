@@ -183,3 +183,9 @@ def test_every_command_takes_a_thread_count(home, tmp_path, monkeypatch):
     calls = []
     assert main(["generate", "a photo of a red circle", "--threads", "1", "-o", str(tmp_path / "t.png")]) == 0
     assert calls == [1]
+
+
+def test_bench_quality_reports_progress_while_generating_and_scoring(home, capsys):
+    assert main(["bench", "--quality", "--per-task", "1", "--modes", "ar", "--batch-sizes", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "bench (batch 4)" in err and "scoring ar's 6 images" in err

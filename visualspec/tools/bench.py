@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,6 +104,8 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
             "speedup_vs_ar": round(ar_seconds / r["seconds"], 3),
         }
         if scorer is not None:
+            if progress:
+                print(f"bench (batch {batch_size}): scoring {mode}'s {images} images", file=sys.stderr, flush=True)
             quality = scorer(root / mode)
             results[mode]["geneval_overall"] = round(quality["geneval"]["overall"], 4)
             results[mode]["geneval_tasks"] = {k: round(v["accuracy"], 4) for k, v in quality["geneval"]["tasks"].items()}
