@@ -66,3 +66,27 @@ def test_eval_geneval_takes_geneval_options_and_names_a_folder_without_prompts(t
     assert main(["eval", "geneval", str(tmp_path / "imgs"), "--outfile", str(tmp_path / "r.jsonl"), "--options", "threshold=0.5"]) == 0
     assert "Overall score (avg. over tasks): 1.00000" in capsys.readouterr().out
     assert main(["eval", "geneval", str(tmp_path)]) == 2 and "no numeric subfolders" in capsys.readouterr().err
+
+
+def test_the_prompts_command_writes_files_that_batch_and_geneval_read(tmp_path, capsys):
+    from visualspec.tools.batch import read_prompts
+
+    out = tmp_path / "p.jsonl"
+    assert main(["prompts", "--per-task", "3", "--seed", "4", "-o", str(out)]) == 0
+    prompts = read_prompts(out)
+    assert prompts == shapes.evaluation_prompts(per_task=3, seed=4) and len(prompts) == 18
+    assert {p["tag"] for p in prompts} == set(shapes.TASKS)
+
+
+def test_eval_fid_reads_a_batch_folder_of_plain_prompts_and_warns_when_it_is_small(ground_truth, tmp_path, capsys):
+    """A batch run from a plain prompt list writes metadata without GenEval's tags; FID needs none."""
+    plain = tmp_path / "plain"
+    for i, entry in enumerate(sorted(p for p in ground_truth.iterdir() if p.is_dir())):
+        (plain / f"{i:05d}" / "samples").mkdir(parents=True)
+        (plain / f"{i:05d}" / "metadata.jsonl").write_text(json.dumps({"prompt": f"prompt {i}"}) + "\n")
+        for png in (entry / "samples").glob("*.png"):
+            (plain / f"{i:05d}" / "samples" / png.name).write_bytes(png.read_bytes())
+    assert main(["eval", "fid", str(plain)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["fid"] >= 0
+    assert "FID of only 120 images" in err

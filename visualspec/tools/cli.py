@@ -2,6 +2,7 @@
 
     visualspec generate "a photo of a red circle" --decoding sjd --seed 0 -o out.png --stats
     visualspec batch --prompts prompts.jsonl --out images/        (torchrun / accelerate launch shard it)
+    visualspec prompts --per-task 100 --seed 2000 -o prompts.jsonl   (the shapes world's evaluation prompts)
     visualspec eval geneval images/          visualspec eval fid images/ --ref stats.npz
     visualspec bench --images 4 --json bench.json
     visualspec train-shapes --out assets/shapes-t2i
@@ -266,6 +267,9 @@ def geneval_main(argv=None) -> int:
     return 0
 
 
+FID_FEW_IMAGES = 200  # below this many images an FID estimate is mostly bias
+
+
 def cmd_eval(args) -> int:
     if args.metric == "geneval":
         return geneval_main(args.rest)
@@ -288,15 +292,37 @@ def cmd_eval(args) -> int:
 
         extractor = shapes_fid_extractor()
         opts.ref = opts.ref or str(REFERENCE_STATS)
+    from ..eval.fid import IMAGE_EXTENSIONS, list_image_files
+
     folder = Path(opts.folder)
     if folder.is_dir() and any(p.is_dir() and p.name.isdigit() for p in folder.iterdir()):
-        from ..eval.geneval import read_geneval_folder
-
-        images = [p for entry in read_geneval_folder(folder) for p in entry.images]
+        # a batch folder: its samples, whatever its prompts' metadata holds (FID needs no tags)
+        images = sorted(p for d in folder.iterdir() if d.is_dir() and d.name.isdigit()
+                        for p in (d / "samples").glob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+        if not images:
+            raise ValueError(f"no images in the samples folders of {folder}")
     else:
-        images = folder
+        images = list_image_files(folder)
+    if len(images) < FID_FEW_IMAGES:
+        print(f"warning: FID of only {len(images)} images is dominated by its estimation bias and means little; "
+              f"use {FID_FEW_IMAGES} or more (the shapes benchmarks use 600 and more)", file=sys.stderr)
     print(json.dumps({"fid": fid_from_folder(images, opts.ref, extractor), "features": opts.features,
                       "reference": opts.ref}))
+    return 0
+
+
+def cmd_prompts(args) -> int:
+    """Write the shapes world's GenEval-style evaluation prompts (metadata JSON lines)."""
+    from ..worlds.shapes import evaluation_prompts
+    from .batch import atomic_write
+
+    if args.per_task < 1:
+        raise ValueError(f"--per-task must be >= 1, got {args.per_task}")
+    prompts = evaluation_prompts(per_task=args.per_task, seed=args.seed)
+    text = "".join(json.dumps(p) + "\n" for p in prompts).encode("utf-8")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(args.output), lambda f: f.write(text))
+    print(f"{args.output}: {len(prompts)} prompts", file=sys.stderr)
     return 0
 
 
@@ -518,6 +544,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("metric", choices=["geneval", "fid"])
     e.add_argument("rest", nargs=argparse.REMAINDER)
     e.set_defaults(func=cmd_eval)
+
+    pr = sub.add_parser("prompts", parents=[common],
+                        help="write the shapes world's GenEval evaluation prompts (for batch and eval geneval)")
+    pr.add_argument("--per-task", type=int, default=100, help="prompts per GenEval task (six tasks)")
+    pr.add_argument("--seed", type=int, default=0, help="prompt seed (the README's tables use 2000, 3000, 5000)")
+    pr.add_argument("-o", "--output", default="prompts.jsonl")
+    pr.set_defaults(func=cmd_prompts)
 
     t = sub.add_parser("train-shapes", parents=[common], help="train the shapes-world model (and the FID-shapes features)")
     t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
