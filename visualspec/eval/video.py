@@ -5,7 +5,9 @@
   [0, 255]; the autoencoder's own reconstruction PSNR is reported beside it as the ceiling.
 - :func:`rollout_player_error`: open loop. The model plays a whole action sequence on its own
   samples; the analytic detector finds the player in every generated frame and the error is its
-  distance to the simulator's player for the same actions.
+  distance to the simulator's player for the same actions. The ball is looked for in every frame
+  too: in the simulator it is always in sight, so a frame where the detector finds no ball is a
+  frame where the model lost it.
 
 Held-out episodes use seeds from :data:`HELD_OUT_SEED` on, far from the training seeds.
 """
@@ -71,13 +73,19 @@ def _finite(x) -> float | None:
 @torch.no_grad()
 def rollout_player_error(pipe, episodes: int = 8, frames: int = 60, tolerance: float = 2.0, steps: int | None = None,
                          use_teacher: bool = False, speculate: int = 1, seed: int = HELD_OUT_SEED) -> dict:
-    """Open-loop rollouts: how far the detected player is from the simulator's, frame by frame."""
-    errors, missing = [], 0
+    """Open-loop rollouts: how far the detected player is from the simulator's, frame by frame, and
+    in how many frames the ball is missing (``ball_not_found``, its share, and the longest run of
+    consecutive frames without it in one episode)."""
+    errors, missing, no_ball, longest = [], 0, 0, 0
     for e in range(episodes):
         actions = arena.random_actions(np.random.default_rng([seed + e, 2]), frames)
         out = pipe(actions=list(actions), seed=seed + e, steps=steps, use_teacher=use_teacher, speculate=speculate)
         truth = simulator_rollout(seed + e, actions, pipe.config.opening_frames)
-        row = []
+        row, run = [], 0
+        for frame in out.frames:
+            run = run + 1 if arena.detect_ball(frame) is None else 0
+            no_ball += run > 0
+            longest = max(longest, run)
         for frame, state in zip(out.frames, truth):
             found = arena.detect_player(frame)
             if found is None:
@@ -94,5 +102,7 @@ def rollout_player_error(pipe, episodes: int = 8, frames: int = 60, tolerance: f
         "frames_within_tolerance": float(np.mean(err <= tolerance)),
         "episodes_all_within_tolerance": float(np.mean(np.all(err <= tolerance, axis=1))),
         "median_error_px": _finite(np.median(err)), "player_not_found": missing,
+        "ball_not_found": no_ball, "ball_not_found_share": no_ball / (episodes * frames),
+        "longest_run_without_ball": longest,
         "median_error_at_frame": {i + 1: _finite(np.median(err[:, i])) for i in range(9, frames, 10)},
     }
