@@ -51,7 +51,7 @@ def test_the_page_loads_and_generates_an_image(page, url):
     page.wait_for_function("() => { const img = document.querySelector('#image img');"
                            " return img && img.complete && img.naturalWidth > 0; }", timeout=120_000)
     size = page.evaluate("() => document.querySelector('#image img').naturalWidth")
-    assert size == 64
+    assert size == 384  # the 64 x 64 image, shown 6 times as large, pixel for pixel
     assert '"target_forwards"' in page.inner_text("#stats")
 
 
