@@ -350,7 +350,8 @@ def world_model(folder: str | None):
                          f"model_index.json); reinstall visualspec, or pass --model FOLDER")
     folder = Path(folder) if folder else ARENA_NFD
     if not (folder / "model_index.json").is_file():
-        raise SystemExit(f"error: no video pipeline in {folder} (train one with `visualspec train-arena --out {folder}`)")
+        raise SystemExit(f"error: no video pipeline in {folder} "
+                         f"(train one with `visualspec train-arena --out {folder}`)")
     pipe = NextFramePipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -521,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(b)
     b.set_defaults(func=cmd_bench)
 
-    bt = sub.add_parser("batch", parents=[common], help="many prompts -> GenEval's folder layout (resumable, shardable)")
+    bt = sub.add_parser("batch", parents=[common],
+                        help="many prompts -> GenEval's folder layout (resumable, shardable)")
     bt.add_argument("--prompts", required=True, metavar="FILE",
                     help="prompt file: .jsonl (GenEval metadata, one object per line) or text (one prompt per line)")
     bt.add_argument("--out", required=True, metavar="DIR", help="output folder (DIR/00000/samples/0000.png ...)")
@@ -552,7 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("-o", "--output", default="prompts.jsonl")
     pr.set_defaults(func=cmd_prompts)
 
-    t = sub.add_parser("train-shapes", parents=[common], help="train the shapes-world model (and the FID-shapes features)")
+    t = sub.add_parser("train-shapes", parents=[common],
+                       help="train the shapes-world model (and the FID-shapes features)")
     t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
     t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
     t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
@@ -582,7 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("-o", "--output", default="play.mp4")
     v.set_defaults(func=cmd_video)
 
-    bv = sub.add_parser("bench-video", parents=[common], help="world model frames per second: teacher, distilled, speculation")
+    bv = sub.add_parser("bench-video", parents=[common],
+                        help="world model frames per second: teacher, distilled, speculation")
     bv.add_argument("--model")
     bv.add_argument("--frames", type=int, default=300)
     bv.add_argument("--rounds", type=int, default=3)
@@ -597,7 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--work-dir", default=str(cache_dir() / "train-arena"), help="checkpoints; rerun to resume")
     ta.set_defaults(func=cmd_train_arena)
 
-    bt = sub.add_parser("bench-text", parents=[common], help="text speculative decoding vs transformers' generate and assisted generation")
+    bt = sub.add_parser("bench-text", parents=[common],
+                        help="text speculative decoding vs transformers' generate and assisted generation")
     bt.add_argument("--pair", default=None, help="folder written by train-text (default: the shipped pair)")
     bt.add_argument("--prompts", type=int, default=8)
     bt.add_argument("--new-tokens", type=int, default=128)
@@ -609,7 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--json", help="write the results here")
     bt.set_defaults(func=cmd_bench_text)
 
-    tt = sub.add_parser("train-text", parents=[common], help="train a target and draft LM pair on the Python standard library")
+    tt = sub.add_parser("train-text", parents=[common],
+                        help="train a target and draft LM pair on the Python standard library")
     tt.add_argument("--out", required=True, help="folder to write (tokenizer/, target/, draft/)")
     tt.add_argument("--work-dir", default=str(cache_dir() / "train-text"), help="checkpoints; rerun to resume")
     tt.set_defaults(func=cmd_train_text)
