@@ -189,3 +189,10 @@ def test_bench_quality_reports_progress_while_generating_and_scoring(home, capsy
     assert main(["bench", "--quality", "--per-task", "1", "--modes", "ar", "--batch-sizes", "4"]) == 0
     err = capsys.readouterr().err
     assert "bench (batch 4)" in err and "scoring ar's 6 images" in err
+
+
+def test_bench_text_finds_the_shipped_pair_from_any_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench-text", "--prompts", "1", "--new-tokens", "8"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["prompts"] == 1 and result["results"]["generate"]["target_forwards"] == 8
