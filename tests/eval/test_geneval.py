@@ -362,3 +362,20 @@ def test_transformers_backend_plumbing(tiny_checkpoints, tmp_path, kind):
     for r in records:
         for name, boxes in json.loads(r["details"]).items():
             assert all(len(b) == 5 for b in boxes)
+
+
+def test_whole_shapes_count_and_broken_ones_do_not():
+    """Shapes a person sees as whole (a few pixels off square, ragged edges, blurred, off-colour)
+    score above GenEval's counting threshold; broken ones (a piece missing, two colours, two
+    shapes run together) almost never do. The detector of 2026-11-25 (aspect tolerance 1 px) is
+    the control: it fails the off-square shapes."""
+    from benchmarks.detector_validation import validate
+
+    table = validate(cases=40, seed=5)
+    for kind, row in table.items():
+        if row["group"] == "whole":
+            assert row["above_0.9"] >= 0.9, (kind, row)
+        else:
+            assert row["above_0.9"] <= 0.15, (kind, row)
+    old = validate(cases=40, seed=5, detector=D.ShapesDetector(aspect_tolerance=1.0))
+    assert old["aspect"]["above_0.9"] < 0.6

@@ -65,8 +65,10 @@ class ShapesDetector:
        to [0, 1] (full at IoU 0.85); ``separation`` = (IoU_best - IoU_second_shape) / 0.1 clipped to
        [0, 1] (for ideal shapes the gap is >= ~0.2, e.g. circle vs square 1 - pi/4).
     5. *Geometry*: ``size_factor`` = 1 while both box sides are within [MIN_SIZE - 1, MAX_SIZE + 1] px,
-       falling linearly to 0 four px further out; ``aspect_factor`` = 1 while |w - h| <= 1 px, falling
-       linearly to 0 at |w - h| = 5 px.
+       falling linearly to 0 four px further out; ``aspect_factor`` = 1 while |w - h| <=
+       ``aspect_tolerance`` px (3; 1 before 2026-11-26), falling linearly to 0 four px further out:
+       a generated shape a few pixels off square is still whole
+       (``benchmarks/detector_validation.py``).
 
     ``score = shape_factor * separation * size_factor * aspect_factor * color_factor`` in [0, 1]: 1 for a
     ground-truth object, lower as the blob deviates from an ideal shape (GenEval keeps a detection
@@ -75,10 +77,11 @@ class ShapesDetector:
     """
 
     def __init__(self, background=BACKGROUND, background_tol: float = 40.0, min_area: int = 30,
-                 palette: dict | None = None):
+                 palette: dict | None = None, aspect_tolerance: float = 3.0):
         self.background = np.asarray(background, dtype=np.float32)
         self.background_tol = float(background_tol)
         self.min_area = int(min_area)
+        self.aspect_tolerance = float(aspect_tolerance)
         self.palette_names = list((palette or COLORS).keys())
         self.palette = np.asarray([(palette or COLORS)[c] for c in self.palette_names], dtype=np.float32)
 
@@ -183,7 +186,7 @@ class ShapesDetector:
         separation = _ramp(0.1 - (iou - second), 0.1)
         size_excess = max(MIN_SIZE - 1 - min(w, h), max(w, h) - (MAX_SIZE + 1), 0.0)
         size_factor = _ramp(size_excess, 4.0)
-        aspect_factor = _ramp(abs(w - h) - 1.0, 4.0)
+        aspect_factor = _ramp(abs(w - h) - self.aspect_tolerance, 4.0)
         score = shape_factor * separation * size_factor * aspect_factor * color_factor
         if score <= 0:
             return None
