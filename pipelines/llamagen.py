@@ -127,20 +127,24 @@ class LlamaGenPipeline(VisualSpecPipeline):
             raise ValueError("the prompt is empty")
         self._conditions_items([prompt])
         if self.is_text_conditional:
-            self._check_words(prompt, self.tokenizer(prompt, add_special_tokens=True).input_ids)
+            self._check_words(prompt, self._tokenize([prompt]).input_ids[0])
 
     def _check_words(self, prompt: str, ids) -> None:
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        if unk is not None and unk in list(ids):
+        if unk is not None and bool((ids == unk).any()):
             words = [w for w in prompt.split() if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
             raise ValueError(f"prompt {prompt!r} has words the text encoder does not know: {words}")
 
-    def encode_prompt(self, prompts: list[str]):
-        """Prompts -> (caption features (B, T, C), mask (B, T)), left-padded like LlamaGen."""
+    def _tokenize(self, prompts: list[str]):
+        """The caption tokens the text encoder reads: ``cls_token_num`` per prompt, cut or padded."""
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this text-conditional pipeline has no text_encoder/tokenizer to encode prompts")
         T = self.transformer.config.cls_token_num
-        enc = self.tokenizer(prompts, padding="max_length", max_length=T, truncation=True, return_tensors="pt")
+        return self.tokenizer(prompts, padding="max_length", max_length=T, truncation=True, return_tensors="pt")
+
+    def encode_prompt(self, prompts: list[str]):
+        """Prompts -> (caption features (B, T, C), mask (B, T)), left-padded like LlamaGen."""
+        enc = self._tokenize(prompts)
         for prompt, ids in zip(prompts, enc.input_ids):
             self._check_words(prompt, ids)
         ids, mask = enc.input_ids.to(self.device), enc.attention_mask.to(self.device)

@@ -52,14 +52,14 @@ def test_speculation_pays_off_on_the_trained_model(pipe):
     assert forwards["sjd"] <= 256 / 2 and forwards["lantern"] <= 256 / 3, forwards
 
 
-def test_what_loads_a_pipeline_folder_is_what_the_readme_says():
+def test_what_loads_a_pipeline_folder_is_what_the_readme_says(pipe):
     """The folder loads with VisualSpecPipeline and its own class; diffusers' generic loader, which
     knows only diffusers' classes, refuses it (docs/usage.md)."""
     from diffusers import DiffusionPipeline
 
     from visualspec.pipelines import LlamaGenPipeline
 
-    assert type(VisualSpecPipeline.from_pretrained(SHAPES_T2I_DIR)) is LlamaGenPipeline
+    assert type(pipe) is LlamaGenPipeline  # loaded by VisualSpecPipeline.from_pretrained
     assert isinstance(LlamaGenPipeline.from_pretrained(SHAPES_T2I_DIR), DiffusionPipeline)
     with pytest.raises(AttributeError, match="LlamaGenPipeline"):
         DiffusionPipeline.from_pretrained(SHAPES_T2I_DIR)

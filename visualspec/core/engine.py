@@ -248,7 +248,7 @@ class _Run:
             logits = target.prefill(self.requests.prefix(first_ids), num_tokens)
         else:
             logits = target.prefill(prefix, num_tokens)
-        rows_in_model = logits.shape[0] // (2 if sampling.uses_guidance else 1)
+        rows_in_model = logits.shape[0] // sampling.model_rows_per_sample
         total = self.requests.count if self.requests is not None else rows_in_model
         if isinstance(generator, (list, tuple)) and len(generator) != total:
             raise ValueError(f"got {len(generator)} generators for a batch of {total}")
@@ -336,7 +336,7 @@ def _window_drafts(window, rows: _Rows, drafter, search) -> int:
     end (rows there feed fillers), so a row's random draws depend on the window alone."""
     if drafter is None:
         return 0
-    return (window if search is None else search.window(len(rows.model(rows.n)))) - 1
+    return (window if search is None else search.window(len(rows) * rows.sampling.model_rows_per_sample)) - 1
 
 
 @torch.no_grad()

@@ -60,6 +60,11 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def model_rows_per_sample(self) -> int:
+        """Model rows per sample: 2 under guidance (the batch is [cond; uncond]), else 1."""
+        return 2 if self.uses_guidance else 1
+
     def model_batch(self, x: torch.Tensor) -> torch.Tensor:
         """Per-row values (B, ...) -> the model's rows: under guidance the batch is [cond; uncond]
         (2B rows, row b and row B + b are one sample), so the values are repeated; else unchanged.

@@ -82,11 +82,10 @@ def rollout_player_error(pipe, episodes: int = 8, frames: int = 60, tolerance: f
         out = pipe(actions=list(actions), seed=seed + e, steps=steps, use_teacher=use_teacher, speculate=speculate)
         truth = simulator_rollout(seed + e, actions, pipe.config.opening_frames)
         row, run = [], 0
-        for frame in out.frames:
+        for frame, state in zip(out.frames, truth):
             run = run + 1 if arena.detect_ball(frame) is None else 0
             no_ball += run > 0
             longest = max(longest, run)
-        for frame, state in zip(out.frames, truth):
             found = arena.detect_player(frame)
             if found is None:
                 missing += 1

@@ -313,15 +313,12 @@ def cmd_eval(args) -> int:
 
 def cmd_prompts(args) -> int:
     """Write the shapes world's GenEval-style evaluation prompts (metadata JSON lines)."""
-    from ..worlds.shapes import evaluation_prompts
-    from .batch import atomic_write
+    from ..worlds.shapes import evaluation_prompts, write_prompt_file
 
     if args.per_task < 1:
         raise ValueError(f"--per-task must be >= 1, got {args.per_task}")
     prompts = evaluation_prompts(per_task=args.per_task, seed=args.seed)
-    text = "".join(json.dumps(p) + "\n" for p in prompts).encode("utf-8")
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(Path(args.output), lambda f: f.write(text))
+    write_prompt_file(args.output, prompts)
     print(f"{args.output}: {len(prompts)} prompts", file=sys.stderr)
     return 0
 
