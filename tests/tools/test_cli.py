@@ -37,11 +37,25 @@ def test_generate_is_repeatable_and_reports_bad_input(home, capsys):
 
 def test_bench_runs_every_mode_side_by_side(home):
     report = home / "bench.json"
-    assert main(["bench", "--images", "1", "--json", str(report), "--lantern-k", "8"]) == 0
-    result = json.loads(report.read_text())["results"]
+    assert main(["bench", "--images", "1", "--json", str(report), "--lantern-k", "8", "--device", "cpu"]) == 0
+    report = json.loads(report.read_text())
+    assert "device" not in report["machine"]  # on a CPU the CPU is the machine; an accelerator is named
+    result = report["results"]
     assert set(result) == {"ar", "sjd", "sjd+coupling", "lantern", "gsd"}
     assert result["ar"]["target_forwards_per_image"] == 256 and result["ar"]["forwards_ratio_to_ar"] == 1
     assert result["sjd"]["target_forwards_per_image"] < 256
+
+
+def test_device_defaults_to_cuda_only_where_there_is_one(monkeypatch):
+    import torch
+
+    from visualspec.tools.cli import _device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _device(None) == "cpu" and _device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert _device(None) == "cuda:3"
 
 
 def test_choice_lists_match_the_pipeline():

@@ -116,16 +116,20 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
         "images_per_mode": images,
         "batch_size": batch_size,
         "settings": {k: v for k, v in kwargs.items()},
-        "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": _machine(pipe.device),
         "results": results,
         "table": format_table(results),
     }
 
 
-def _cpu_name() -> str:
+def _machine(device: torch.device) -> dict:
+    """Where the numbers were measured: the CPU (and GPU, on CUDA), threads and torch."""
     from ..core.window import machine_name
 
-    return machine_name(torch.device("cpu"))
+    machine = {"cpu": machine_name(torch.device("cpu")), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if torch.device(device).type != "cpu":
+        machine["device"] = machine_name(torch.device(device))
+    return machine
 
 
 def format_table(results: dict) -> str:

@@ -161,10 +161,20 @@ def _atomic_save(image, path: str) -> None:
     os.replace(tmp, path)
 
 
+def _device(device: str | None) -> str:
+    """``--device``, or by default cuda:$LOCAL_RANK when CUDA is available, else cpu."""
+    if device is not None:
+        return device
+    import torch
+
+    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+
+
 def cmd_bench(args) -> int:
     from .bench import run_benchmark
 
     pipe = load_pipeline(args.model, args.draft_model)
+    pipe.to(_device(args.device))
     prompts, scorer = args.prompt or None, None
     if args.quality:
         from ..eval.shapes_quality import score_shapes_folder
@@ -215,12 +225,7 @@ def cmd_batch(args) -> int:
         with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
             pipe = load_pipeline(args.model, args.draft_model)
         check_prompts(pipe, [(f"{args.prompts}, line {number}", meta) for number, meta in lines])
-        device = args.device
-        if device is None:
-            import torch
-
-            device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
-        pipe.to(device)
+        pipe.to(_device(args.device))
         summary = generate_batch(pipe, prompts, args.out, images_per_prompt=args.images_per_prompt,
                                  decoding=args.decoding, seed=args.seed, batch_size=args.batch_size,
                                  chunk_size=args.chunk_size, rank=rank,
@@ -516,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shapes world: benchmark on GenEval-shapes prompts and score GenEval-shapes and FID-shapes")
     b.add_argument("--per-task", type=int, default=20, help="with --quality: prompts per GenEval task")
     b.add_argument("--keep-images", metavar="DIR", help="keep the generated images here (one folder per mode)")
+    b.add_argument("--device", default=None, help="default: cuda when CUDA is available, else cpu")
     _add_decoding_args(b)
     b.set_defaults(func=cmd_bench)
 
