@@ -163,6 +163,20 @@ def uniform(shape: Sequence[int], generator: Generator = None, device=None) -> t
     return out.to(device) if device is not None else out
 
 
+def normal(shape: Sequence[int], generator: Generator = None, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Standard normal draws of ``shape``; row b uses ``generator[b]`` when a list is given. The
+    draws are made on each generator's device and moved to ``device``."""
+    shape = tuple(shape)
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != shape[0]:
+            raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}")
+        out = torch.stack([torch.randn(shape[1:], generator=g, device=g.device, dtype=dtype) for g in generator])
+    else:
+        gen_device = generator.device if generator is not None else (device or "cpu")
+        out = torch.randn(shape, generator=generator, device=gen_device, dtype=dtype)
+    return out.to(device) if device is not None else out
+
+
 def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
     """One draw from each categorical distribution in ``probs`` (B, ..., V) -> (B, ...) long.
 

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ..core.sampling import Generator
+from ..core.sampling import Generator, normal
 
 SAMPLERS = ("flow", "consistency")
 
@@ -40,12 +40,6 @@ def time_grid(steps: int, sampler: str) -> list[float]:
         raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
     grid = [1.0 - i / steps for i in range(steps + 1)]
     return grid if sampler == "flow" else grid[:-1]
-
-
-def _noise(shape, generator: Generator, device) -> torch.Tensor:
-    if isinstance(generator, (list, tuple)):  # one generator per row
-        return torch.stack([torch.randn(shape[1:], generator=g, device=device) for g in generator])
-    return torch.randn(shape, generator=generator, device=device)
 
 
 @torch.no_grad()
@@ -62,7 +56,7 @@ def denoise_frames(model, cache, actions: torch.Tensor, steps: int, sampler: str
     B, N = actions.shape
     cfg = model.config
     shape = (B, N, cfg.latent_channels, cfg.latent_size, cfg.latent_size)
-    x = _noise(shape, generator, model.device)
+    x = normal(shape, generator, model.device)
     grid = time_grid(steps, sampler)
     forwards = 0
     for i, tau in enumerate(grid[:steps]):
@@ -70,7 +64,7 @@ def denoise_frames(model, cache, actions: torch.Tensor, steps: int, sampler: str
         if i == 0 and commit is not None and commit[0].shape[1] > 0:
             clean, clean_actions = commit
             if context_noise > 0:
-                clean = (1 - context_noise) * clean + context_noise * _noise(clean.shape, generator, model.device)
+                clean = (1 - context_noise) * clean + context_noise * normal(clean.shape, generator, model.device)
             write = clean.shape[1]
             inputs = torch.cat([clean.to(x.dtype), x], dim=1)
             taus = torch.cat([torch.full((B, write), float(context_noise)), taus], dim=1)
@@ -81,7 +75,7 @@ def denoise_frames(model, cache, actions: torch.Tensor, steps: int, sampler: str
             x = x + (grid[i + 1] - tau) * v
         else:
             x0 = x - tau * v
-            x = x0 if i == steps - 1 else (1 - grid[i + 1]) * x0 + grid[i + 1] * _noise(shape, generator, x.device)
+            x = x0 if i == steps - 1 else (1 - grid[i + 1]) * x0 + grid[i + 1] * normal(shape, generator, x.device)
     return x, forwards
 
 
