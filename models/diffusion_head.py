@@ -1,0 +1,222 @@
+"""MAR's diffusion head: a small MLP that draws a continuous token given the transformer's output.
+
+A continuous-token AR model (MAR, Li et al. 2024) ends each position with a vector z; the head
+turns z into a token x (D numbers) by reverse diffusion, a few hundred times cheaper than the
+transformer. This module holds the head's network, with the official parameter names (so MAR's
+``diffloss.net.*`` weights load as they are), and its DDPM sampler:
+
+- the network (``AdaLNMLP``): x and the time t go in, z conditions every residual block through
+  adaLN (shift, scale, gate); it predicts the noise eps and, per channel, where the step's log
+  variance lies between the clipped posterior variance and beta_t (improved DDPM's learned range);
+- the schedule (:class:`DiffusionSchedule`): cosine ``alpha_bar(s) = cos((s + 0.008) / 1.008 * pi / 2)^2``
+  over 1,000 training steps, betas ``1 - alpha_bar(i + 1) / alpha_bar(i)`` capped at 0.999,
+  respaced to ``num_sampling_steps`` evenly spread steps (always the first and the last);
+- sampling (:meth:`DiffusionHead.sample`) from given noise: x_T and one eps per step, so that a draft
+  head and a target head can share them (CSpD's trajectory alignment,
+  :mod:`visualspec.core.continuous`).
+
+One difference from MAR, on purpose: MAR's last step adds no noise, so its token is the point
+mu(x_1) and has no density. Here the last step keeps the variance the head predicts for it (the
+clipped posterior variance is positive), so every token has the Gaussian density CSpD's exact rule
+needs; :meth:`DiffusionHead.sample` returns that Gaussian with the token. ``last_step_noise=False``
+gives MAR's sampler exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from visualspec.core.continuous import Gaussian
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal features (N, dim) of (possibly fractional) times t (N,): cosines, then sines."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    angles = t[:, None].float() * freqs[None]
+    emb = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    return torch.cat([emb, emb[:, :1] * 0], dim=-1) if dim % 2 else emb
+
+
+class TimeEmbedding(nn.Module):
+    def __init__(self, width: int, features: int = 256):
+        super().__init__()
+        self.features = features
+        self.mlp = nn.Sequential(nn.Linear(features, width), nn.SiLU(), nn.Linear(width, width))
+
+    def forward(self, t):
+        return self.mlp(timestep_embedding(t, self.features).to(self.mlp[0].weight.dtype))
+
+
+def _modulate(x, shift, scale):
+    return x * (1 + scale) + shift
+
+
+class ResBlock(nn.Module):
+    """x + gate * MLP(LayerNorm(x) * (1 + scale) + shift), with (shift, scale, gate) from y."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.in_ln = nn.LayerNorm(width, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
+
+    def forward(self, x, y):
+        shift, scale, gate = self.adaLN_modulation(y).chunk(3, dim=-1)
+        return x + gate * self.mlp(_modulate(self.in_ln(x), shift, scale))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, width: int, out_channels: int):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(width, out_channels)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+
+    def forward(self, x, y):
+        shift, scale = self.adaLN_modulation(y).chunk(2, dim=-1)
+        return self.linear(_modulate(self.norm_final(x), shift, scale))
+
+
+class AdaLNMLP(nn.Module):
+    """The head's network: (x (N, D), t (N,), z (N, z_dim)) -> (N, 2D): eps, then the variance
+    interpolation values in [-1, 1] (not enforced)."""
+
+    def __init__(self, channels: int, width: int, z_channels: int, depth: int):
+        super().__init__()
+        self.time_embed = TimeEmbedding(width)
+        self.cond_embed = nn.Linear(z_channels, width)
+        self.input_proj = nn.Linear(channels, width)
+        self.res_blocks = nn.ModuleList(ResBlock(width) for _ in range(depth))
+        self.final_layer = FinalLayer(width, 2 * channels)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Xavier linears with zero biases; adaLN and output layers start at zero (the head starts
+        by predicting eps = 0 with the middle of the variance range)."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        for linear in (self.time_embed.mlp[0], self.time_embed.mlp[2]):
+            nn.init.normal_(linear.weight, std=0.02)
+        for block in self.res_blocks:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        for linear in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
+            nn.init.zeros_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def forward(self, x, t, z):
+        y = self.time_embed(t) + self.cond_embed(z)
+        h = self.input_proj(x)
+        for block in self.res_blocks:
+            h = block(h, y)
+        return self.final_layer(h, y)
+
+
+def space_timesteps(num_timesteps: int, count: int) -> list[int]:
+    """``count`` of the steps 0..num_timesteps-1, evenly spread with rounding, first and last
+    included (improved DDPM's respacing with one section)."""
+    if not 1 <= count <= num_timesteps:
+        raise ValueError(f"num_sampling_steps must be in [1, {num_timesteps}], got {count}")
+    if count == 1:
+        return [0]
+    stride = (num_timesteps - 1) / (count - 1)
+    return sorted({round(i * stride) for i in range(count)})
+
+
+class DiffusionSchedule:
+    """The DDPM quantities of a respaced cosine schedule, in float64.
+
+    With ``abar`` the kept steps' cumulative alphas (``abar_prev`` the previous kept step's, 1
+    before the first): ``beta = 1 - abar / abar_prev``; the posterior of x_{t-1} given x_t and x_0
+    has variance ``beta (1 - abar_prev) / (1 - abar)``, clipped at the first step to the second
+    step's value (it is 0 there), and mean ``c0 x_0 + ct x_t`` with ``c0 = beta sqrt(abar_prev) /
+    (1 - abar)`` and ``ct = (1 - abar_prev) sqrt(1 - beta) / (1 - abar)``; x_0 is estimated from eps
+    as ``(x_t - sqrt(1 - abar) eps) / sqrt(abar)``.
+    """
+
+    def __init__(self, num_sampling_steps: int = 100, num_timesteps: int = 1000):
+        alpha_bar = lambda s: math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+        betas = [min(1 - alpha_bar((i + 1) / num_timesteps) / alpha_bar(i / num_timesteps), 0.999)
+                 for i in range(num_timesteps)]
+        abar_all = torch.tensor(betas, dtype=torch.float64).neg().add(1).cumprod(0)
+        self.timesteps = torch.tensor(space_timesteps(num_timesteps, num_sampling_steps))  # the network's t
+        abar = abar_all[self.timesteps]
+        abar_prev = torch.cat([abar.new_ones(1), abar[:-1]])
+        self.beta = 1 - abar / abar_prev
+        posterior = self.beta * (1 - abar_prev) / (1 - abar)
+        self.log_posterior = torch.cat([posterior[1:2], posterior[1:]]).log() if len(posterior) > 1 \
+            else posterior.clamp(min=1e-20).log()
+        self.abar, self.abar_prev = abar, abar_prev
+        self.c0 = self.beta * abar_prev.sqrt() / (1 - abar)
+        self.ct = (1 - abar_prev) * (1 - self.beta).sqrt() / (1 - abar)
+
+    def __len__(self):
+        return len(self.timesteps)
+
+    def step(self, out: torch.Tensor, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and log variance of x at kept step i - 1 given x at step i and the network's output
+        ``out`` (N, 2D) = (eps, variance values)."""
+        D = x.shape[-1]
+        eps, v = out[:, :D].double(), out[:, D:].double()
+        x = x.double()
+        x0 = (x - (1 - self.abar[i]).sqrt() * eps) / self.abar[i].sqrt()
+        frac = (v + 1) / 2
+        log_var = frac * self.beta[i].log() + (1 - frac) * self.log_posterior[i]
+        return self.c0[i] * x0 + self.ct[i] * x, log_var
+
+
+class DiffusionHead(nn.Module):
+    """MAR's diffusion head (its ``DiffLoss``): ``net`` and the sampling schedule.
+
+    ``channels`` is the token dimension D (16 for MAR's KL-16 latents), ``z_channels`` the
+    transformer's width, ``depth`` and ``width`` the MLP's.
+    """
+
+    def __init__(self, channels: int, z_channels: int, depth: int, width: int, num_sampling_steps: int = 100):
+        super().__init__()
+        self.channels = channels
+        self.net = AdaLNMLP(channels, width, z_channels, depth)
+        self.schedule = DiffusionSchedule(num_sampling_steps)
+
+    def noise(self, rows: int, generator=None, device=None) -> dict:
+        """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).
+        A draft and a target head given the same dict follow aligned trajectories."""
+        from visualspec.core.sampling import normal
+
+        steps = len(self.schedule)
+        draws = normal((rows, steps + 1, self.channels), generator, device)
+        return {"x_T": draws[:, 0], "eps": draws[:, 1:].transpose(0, 1)}
+
+    @torch.no_grad()
+    def sample(self, z: torch.Tensor, noise: dict, temperature: float = 1.0, guidance: float = 1.0,
+               last_step_noise: bool = True) -> tuple[torch.Tensor, Gaussian]:
+        """Tokens (N, D) for conditions z (N, z_dim), and the Gaussian of the last step they were drawn
+        from (given this head's own x_1). With ``guidance`` s != 1, z is [cond; uncond] (2N rows)
+        and eps is guided, ``uncond + s (cond - uncond)``, as MAR does; the variance comes from the
+        conditional rows. ``temperature`` scales every step's noise, MAR's temperature.
+        ``last_step_noise=False`` is MAR's sampler (the token is the last mean; the Gaussian
+        returned is then the one it would have drawn from)."""
+        sched = self.schedule
+        guided = guidance != 1.0
+        n = z.shape[0] // 2 if guided else z.shape[0]
+        x = noise["x_T"].to(z.dtype)
+        for i in range(len(sched) - 1, -1, -1):
+            t = sched.timesteps[i].to(z.device).expand(z.shape[0])
+            out = self.net(torch.cat([x, x]) if guided else x, t, z)
+            if guided:
+                cond, uncond = out[:n], out[n:]
+                out = torch.cat([uncond[:, :self.channels] + guidance * (cond[:, :self.channels] - uncond[:, :self.channels]),
+                                 cond[:, self.channels:]], dim=1)
+            mean, log_var = sched.step(out, x, i)
+            std = (0.5 * log_var).exp() * temperature
+            if i == 0:
+                last = Gaussian(mean.to(z.dtype), std.to(z.dtype))
+                token = mean + std * noise["eps"][i].double() if last_step_noise else mean
+                return token.to(z.dtype), last
+            x = (mean + std * noise["eps"][i].double()).to(z.dtype)
