@@ -128,7 +128,8 @@ def attend(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
     if mask is None:
         mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-    scores = ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).float()
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # softmax in float32 at least
     scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     return torch.softmax(scores, dim=-1).type_as(v) @ v
 
@@ -358,7 +359,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         rope = rotary(self.rope[:T].to(x.device), x.dtype)
         for layer in self.layers:
             x = layer(x, rope, mask)
-        return self.output(self.norm(x))[:, self.config.cls_token_num - 1:].float()
+        return self._logits(x[:, self.config.cls_token_num - 1:])
 
     @staticmethod
     def _attention_mask(query_pos, key_valid):
@@ -409,7 +410,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         they are fillers of rows that end inside the window, never read by a real token."""
         if self._cache is None:
             raise RuntimeError("call prefill() before forward_window()")
-        B, L = tokens.shape
+        B, L = tokens.shape[:2]  # (B, L) token ids, or (B, L, D) continuous tokens of a subclass
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         pos = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(max=self._max_new - 1)
         return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos)
@@ -438,4 +439,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         k_all, v_all = self._cache
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos)
-        return self.output(self.norm(x)).float()
+        return self._logits(x)
+
+    def _logits(self, x):
+        """The output head on the final hidden states, in float32 at least (float64 stays)."""
+        out = self.output(self.norm(x))
+        return out if out.dtype == torch.float64 else out.float()

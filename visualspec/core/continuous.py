@@ -137,14 +137,16 @@ def residual_sample(p: Gaussian, q: Gaussian, generator: Generator = None, max_p
 
 
 def continuous_verify(drafts: torch.Tensor, draft: Gaussian, target: Gaussian, generator: Generator = None, *,
-                      max_proposals: int = 1024, flatten: float = 1.0) -> ContinuousVerdict:
+                      bonus: torch.Tensor | None = None, max_proposals: int = 1024,
+                      flatten: float = 1.0) -> ContinuousVerdict:
     """CSpD's rule for K continuous drafts per row, lossless with ``flatten=1``.
 
     ``drafts`` (B, K, D) were drawn from ``draft`` (B, K, D); ``target`` (B, K + 1, D) holds the
     target's distribution at each draft position given the earlier drafts, plus the bonus position.
     Draft i is accepted when ``u_i < min(1, p_i(x_i) / q_i(x_i))`` and every earlier one was; at the
     first rejection the token is drawn from the residual of p and q there
-    (:func:`residual_sample`), and after K acceptances from the bonus distribution. ``flatten`` T > 1
+    (:func:`residual_sample`), and after K acceptances from the bonus distribution (``bonus`` (B, D):
+    a token already drawn from it, such as the target head's own sample there). ``flatten`` T > 1
     is the released code's flattened ratio ``exp(-|x - mu_p|^2 / 2 T^2 sigma_p^2) sigma_q / (...)``:
     lossy, for measuring only.
     """
@@ -154,7 +156,10 @@ def continuous_verify(drafts: torch.Tensor, draft: Gaussian, target: Gaussian, g
     log_ratio = target[:, :K].log_prob(drafts, flatten) - draft.log_prob(drafts, flatten)
     accept = uniform((B, K), generator, device=device).log() < log_ratio.clamp(max=0.0)
     a = leading_true(accept)
-    bonus = target[:, K].sample(generator)  # every row draws it, so a row's draws depend on its own outcomes only
+    if bonus is None:  # every row draws it, so a row's draws depend on its own outcomes only
+        bonus = target[:, K].sample(generator)
+    elif tuple(bonus.shape) != (B, D):
+        raise ValueError(f"bonus must be (batch, D) = {(B, D)}, got {tuple(bonus.shape)}")
     tokens = bonus.clone()
     proposals = torch.zeros(B, dtype=torch.long, device=device)
     fallbacks = torch.zeros(B, dtype=torch.bool, device=device)

@@ -31,7 +31,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .sampling import Generator, SamplingConfig
+from .continuous import Gaussian, continuous_verify
+from .sampling import Generator, SamplingConfig, normal
 from .stats import DecodeStats
 from .verify import Verdict, greedy_verify, speculative_verify
 
@@ -164,12 +165,14 @@ def default_rule(sampling: SamplingConfig) -> Rule:
 class _Rows:
     """Per-row state of the rows decoding now: request ids, committed counts, token buffers."""
 
-    def __init__(self, requests: torch.Tensor, num_tokens: int, generator: Generator, sampling: SamplingConfig):
+    def __init__(self, requests: torch.Tensor, num_tokens: int, generator: Generator, sampling: SamplingConfig,
+                 token_shape: tuple = (), dtype: torch.dtype = torch.long):
         b, device = requests.shape[0], requests.device
         self.N, self.sampling, self.all_generators = num_tokens, sampling, generator
         self.req = requests
         self.n = torch.zeros(b, dtype=torch.long, device=device)
-        self.seq = torch.zeros(b, num_tokens, dtype=torch.long, device=device)
+        # token ids (b, N), or continuous tokens (b, N, *token_shape)
+        self.seq = torch.zeros(b, num_tokens, *token_shape, dtype=dtype, device=device)
         self.fixed = torch.zeros(b, num_tokens, dtype=torch.long, device=device)
         self.forwards = torch.ones(b, dtype=torch.long, device=device)
 
@@ -197,8 +200,11 @@ class _Rows:
         counts = torch.minimum(accepted + 1, remaining)
         offset = torch.arange(self.N, device=self.n.device)[None] - self.n[:, None]  # (b, N): window index
         write = (offset >= 0) & (offset < counts[:, None])
-        values = candidates.gather(1, offset.clamp(0, candidates.shape[1] - 1))
-        self.seq = torch.where(write, values, self.seq)
+        index = offset.clamp(0, candidates.shape[1] - 1)
+        trailing = candidates.shape[2:]  # continuous tokens carry their values along
+        index = index.view(*index.shape, *[1] * len(trailing)).expand(*index.shape, *trailing)
+        values = candidates.gather(1, index)
+        self.seq = torch.where(write.view(*write.shape, *[1] * len(trailing)), values, self.seq)
         self.fixed = torch.where(write, self.forwards[:, None], self.fixed)
         self.n = self.n + counts
         return counts
@@ -462,3 +468,107 @@ def decode_tree(
         drafter.observe(n, counts, torch.cat([p[:, :1], chain_p], dim=1), gens)
         run.finish_rows()
     return run.result()
+
+
+class PositionNoise:
+    """The diffusion-head noise of every position of every row, drawn once when decoding starts:
+    ``x_T`` and one eps per denoising step, (rows, N, steps + 1, D), from each row's generator.
+
+    The draft and the target head read the same noise at a position (CSpD's trajectory
+    alignment), however many times the position is drafted or verified; AR reads it too, so AR and
+    speculation with a draft identical to the target give the same tokens."""
+
+    def __init__(self, rows: int, num_tokens: int, steps: int, dim: int, generator: Generator, device=None):
+        self.draws = normal((rows, num_tokens, steps + 1, dim), generator, device)
+
+    def at(self, positions: torch.Tensor) -> dict:
+        """Noise for the positions (B, L) of rows 0..B-1, flattened to B*L tokens in row order."""
+        b = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        d = self.draws[b, positions.clamp(max=self.draws.shape[1] - 1)].flatten(0, 1)  # (B L, steps + 1, D)
+        return {"x_T": d[:, 0], "eps": d[:, 1:].transpose(0, 1)}
+
+
+def head_rows(z: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Model output (model rows, L, dim) -> one row per token, [cond tokens; uncond tokens] under
+    guidance, as a guided head takes them."""
+    if not sampling.uses_guidance:
+        return z.flatten(0, 1)
+    cond, uncond = z.chunk(2)
+    return torch.cat([cond.flatten(0, 1), uncond.flatten(0, 1)])
+
+
+@torch.no_grad()
+def decode_continuous(
+    target,
+    prefix: Any,
+    num_tokens: int,
+    *,
+    drafter=None,
+    gamma: int = 4,
+    guidance_scale: float = 1.0,
+    temperature: float = 1.0,
+    generator: Generator = None,
+    max_proposals: int = 1024,
+    mode: str = "",
+) -> tuple[torch.Tensor, DecodeStats]:
+    """Continuous-token generation: AR, or CSpD with a draft model. Returns ``(tokens (R, N, D), stats)``.
+
+    ``target`` is a continuous token model (:class:`visualspec.models.continuous_ar.ContinuousARTransformer`:
+    the token-model protocol returning the head's condition z, and ``draw(z, noise, temperature,
+    guidance)``). With ``drafter`` (:class:`visualspec.drafters.ContinuousDraftModelDrafter`) each
+    step drafts ``gamma`` tokens, the target scores them in one forward, and
+    :func:`visualspec.core.continuous.continuous_verify` keeps a prefix and emits one more token;
+    each row commits its own count. Every position's head noise is drawn once
+    (:class:`PositionNoise`) and shared by draft and target. Rows that finish stay in the batch
+    idle. ``guidance_scale`` is MAR's (on the head's eps); ``temperature`` scales the head's noise.
+    """
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma (drafts per step) must be an integer >= 1, got {gamma!r}")
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    t0 = time.perf_counter()
+    sampling = SamplingConfig(guidance_scale=guidance_scale)
+    z = target.prefill(prefix, num_tokens)
+    B = z.shape[0] // sampling.model_rows_per_sample
+    if isinstance(generator, (list, tuple)) and len(generator) != B:
+        raise ValueError(f"got {len(generator)} generators for a batch of {B}")
+    D, device = target.token_dim, z.device
+    noise = PositionNoise(B, num_tokens, len(target.diffloss.schedule), D, generator, device)
+    draw = lambda z, positions: target.draw(head_rows(z, sampling), noise.at(positions),  # noqa: E731
+                                            temperature, guidance_scale)
+    rows = _Rows(torch.arange(B, device=device), num_tokens, generator, sampling, token_shape=(D,), dtype=z.dtype)
+    every = torch.arange(B, device=device)
+    first, _ = draw(z[:, None], torch.zeros(B, 1, dtype=torch.long, device=device))
+    rows.start(every, every, first)
+    stats = DecodeStats(mode=mode or ("ar" if drafter is None else "cspd"), batch_size=B, num_tokens=num_tokens,
+                        target_forwards=1, slots=B)
+    if drafter is not None:
+        drafter.start(B, num_tokens, sampling)
+    while bool((rows.n < num_tokens).any()):
+        n, live = rows.n, rows.n < num_tokens
+        k = gamma if drafter is not None else 0
+        if drafter is not None:
+            drafts, q = drafter.propose(rows.seq, n, k, noise, temperature)
+        else:
+            drafts = rows.seq.new_empty(B, 0, D)
+            q = Gaussian(drafts, torch.ones_like(drafts))
+        last = rows.seq[every, (n - 1).clamp(max=num_tokens - 1)]
+        zs = target.forward_window(sampling.model_batch(torch.cat([last[:, None], drafts], 1)), sampling.model_batch(n - 1))
+        positions = n[:, None] + torch.arange(k + 1, device=device)
+        tokens, p = draw(zs, positions)
+        tokens, p = tokens.view(B, k + 1, D), Gaussian(p.mean.view(B, k + 1, D), p.std.view(B, k + 1, D))
+        stats.target_forwards += 1
+        rows.forwards += live.long()
+        verdict = continuous_verify(drafts, q, p, rows.generator, bonus=tokens[:, k], max_proposals=max_proposals)
+        stats.residual_proposals += int(verdict.proposals[live].sum())
+        stats.residual_fallbacks += int(verdict.fallbacks[live].sum())
+        candidates = torch.cat([drafts, verdict.next_tokens[:, None]], 1)
+        candidates.scatter_(1, verdict.num_accepted[:, None, None].expand(B, 1, D), verdict.next_tokens[:, None])
+        counts = rows.commit(candidates, verdict.num_accepted)
+        stats.accepted_lengths.extend(counts[counts > 0].tolist())
+        if drafter is not None:
+            drafter.observe(n, counts)
+    stats.fixed_at, stats.row_forwards = rows.fixed.cpu(), rows.forwards.cpu()
+    stats.draft_forwards = drafter.forwards if drafter is not None else 0
+    stats.wall_time_s = time.perf_counter() - t0
+    return rows.seq, stats

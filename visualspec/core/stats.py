@@ -34,6 +34,8 @@ class DecodeStats:
     fixed_at: torch.Tensor | None = None
     row_forwards: torch.Tensor | None = None
     slots: int | None = None
+    residual_proposals: int = 0  # continuous tokens: proposals the residual sampler drew
+    residual_fallbacks: int = 0  # continuous tokens: residuals that ran out of proposals (a draw from p)
 
     @property
     def steps(self) -> int:

@@ -8,14 +8,16 @@ has verified them, :meth:`Drafter.observe` tells the drafter what happened, so t
 Model-free drafters: :class:`NGramDrafter` (prompt lookup, deterministic drafts) and
 :class:`StandDrafter` (a stochastic n-gram memory of the target's own distributions). Draft-model
 drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft model whose LM head is
-restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`).
+restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). Continuous tokens:
+:class:`ContinuousDraftModelDrafter` (CSpD's draft model).
 """
 
 from ..core.engine import Drafter
+from .continuous import ContinuousDraftModelDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
 from .jacobi import INIT_SCHEMES, JacobiDrafter, coupled_redraft
 from .ngram import NGramDrafter
 from .stand import StandDrafter
 
 __all__ = ["Drafter", "JacobiDrafter", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
-           "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter"]
+           "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter"]
