@@ -13,8 +13,8 @@ _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 _TRANSIENT_KEYS = ("freqs_cis", ".kv_cache.", "causal_mask")
 
 
-def read_llamagen_checkpoint(path: str, key: str | None = None) -> dict[str, torch.Tensor]:
-    """The weights in an official LlamaGen checkpoint file, as a plain state dict.
+def read_checkpoint(path: str, key: str | None = None) -> dict[str, torch.Tensor]:
+    """The weights in an official training checkpoint (LlamaGen's, MAR's), as a plain state dict.
 
     Handles every layout LlamaGen publishes: DDP training files ``{"model": ..., "optimizer": ...,
     "steps": ..., "args": Namespace}`` (plus ``"ema"``), DeepSpeed ``{"module": ...}``, and the raw

@@ -38,7 +38,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .checkpoints import load_state_dict_strict, read_llamagen_checkpoint
+from .checkpoints import load_state_dict_strict, read_checkpoint
 from .rotary import apply_rope
 
 # name -> (n_layer, n_head, dim); all official sizes (head_dim = dim / n_head, 100 for 3B)
@@ -294,7 +294,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         FSDP ``consolidated.pth`` ...) strictly. ``name`` is its size (``"GPT-XL"``) and
         ``block_size`` its number of image tokens ((image_size / 16) ** 2 for VQ-16). Whether it is
         class- or text-conditional, its vocabulary and prefix length are read from the weights."""
-        state = read_llamagen_checkpoint(path, key)
+        state = read_checkpoint(path, key)
         if "tok_embeddings.weight" not in state:
             raise ValueError(f"{path} does not look like a LlamaGen GPT checkpoint: no tok_embeddings.weight")
         config = dict(vocab_size=state["tok_embeddings.weight"].shape[0])

@@ -40,7 +40,7 @@ from torch import nn
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
-from .checkpoints import load_state_dict_strict, read_llamagen_checkpoint
+from .checkpoints import load_state_dict_strict, read_checkpoint
 
 __all__ = ["LlamaGenVQModel", "nearest_codes", "LLAMAGEN_VQ_CONFIGS"]
 
@@ -550,12 +550,12 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
     ) -> "LlamaGenVQModel":
         """Build ``variant`` ("VQ-16" or "VQ-8") and load an official LlamaGen
         tokenizer checkpoint with ``strict=True`` (file layouts: see
-        :func:`visualspec.models.checkpoints.read_llamagen_checkpoint`).
+        :func:`visualspec.models.checkpoints.read_checkpoint`).
         Extra keyword arguments override the config.
         """
         if variant not in LLAMAGEN_VQ_CONFIGS:
             raise ValueError(f"unknown VQ variant {variant!r}; choose one of {sorted(LLAMAGEN_VQ_CONFIGS)}")
-        state_dict = read_llamagen_checkpoint(path, key)
+        state_dict = read_checkpoint(path, key)
         model = cls(**{**LLAMAGEN_VQ_CONFIGS[variant], **config})
         load_state_dict_strict(model, state_dict, f"{path} (loaded as {variant})")
         return model.eval()

@@ -11,16 +11,17 @@ from conftest import FIXTURES
 from visualspec.core.continuous import continuous_verify
 from visualspec.models.diffusion_head import DiffusionHead, DiffusionSchedule, space_timesteps
 
-LAYOUT = json.loads((FIXTURES / "mar_diffloss_keys.json").read_text())
+LAYOUT = json.loads((FIXTURES / "mar_keys.json").read_text())  # the official MAR's keys and shapes
+Z_CHANNELS = {"mar_base": 768, "mar_large": 1024, "mar_huge": 1280}
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUT["configs"]))
 def test_the_head_has_marss_official_keys_and_shapes(name):
     cfg = LAYOUT["configs"][name]
     with torch.device("meta"):  # shapes only: no memory, no initialisation time
-        head = DiffusionHead(16, cfg["z_channels"], cfg["depth"], cfg["width"])
-    ours = {k: list(v.shape) for k, v in head.state_dict().items()}
-    assert ours == LAYOUT["keys"][name]
+        head = DiffusionHead(16, Z_CHANNELS[name], cfg["diffloss_d"], cfg["diffloss_w"])
+    ours = {f"diffloss.{k}": list(v.shape) for k, v in head.state_dict().items()}
+    assert ours == {k: v for k, v in LAYOUT["keys"][name].items() if k.startswith("diffloss.")}
 
 
 def _alpha_bar(s):
