@@ -221,12 +221,13 @@ class _Decoder(nn.Module):
     """``(B, z_channels, h, w) -> (B, out_channels, h*f, w*f)``.
 
     Mirror of the encoder: ``conv_blocks[0]`` is the lowest resolution
-    (``ch_mult[-1]``, with attention), ``conv_blocks[-1]`` the highest
+    (``ch_mult[-1]``, with attention unless ``attention=False``), ``conv_blocks[-1]`` the highest
     (``ch_mult[0]``). Each level has ``num_res_blocks + 1`` ResNet blocks and
     every level but the last ends with an upsample.
     """
 
-    def __init__(self, z_channels, ch, ch_mult, num_res_blocks, out_channels, dropout, groups, eps):
+    def __init__(self, z_channels, ch, ch_mult, num_res_blocks, out_channels, dropout, groups, eps,
+                 attention: bool = True):
         super().__init__()
         block_in = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, block_in, kernel_size=3, padding=1)
@@ -239,7 +240,7 @@ class _Decoder(nn.Module):
             for _ in range(num_res_blocks + 1):
                 res.append(_ResnetBlock(block_in, block_out, dropout, groups, eps))
                 block_in = block_out
-                if i_level == top:
+                if i_level == top and attention:
                     attn.append(_AttnBlock(block_in, groups, eps))
             if i_level != 0:
                 self.conv_blocks.append(_Level(res, attn, "upsample", _Upsample(block_in)))
