@@ -2,7 +2,8 @@
 
 from .base import VisualSpecPipeline, register_pipeline
 from .llamagen import LlamaGenPipeline, VisualSpecImageOutput
+from .mar import MARPipeline
 from .nfd import NextFramePipeline, VisualSpecVideoOutput, export_video
 
-__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "VisualSpecImageOutput",
+__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "MARPipeline", "VisualSpecImageOutput",
            "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]

@@ -11,6 +11,7 @@
     visualspec train-arena --out assets/arena-nfd
     visualspec train-text --out assets/text-pair
     visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
+    visualspec convert-mar --checkpoint checkpoint-last.pth --vae kl16.ckpt --name mar_base --out mar-base
 """
 
 from __future__ import annotations
@@ -55,12 +56,14 @@ def tiny_random_folder() -> str:
 def load_pipeline(model: str | None, draft_model: str | None = None):
     """The image pipeline in ``model`` (default: the shipped one), with the draft model of
     ``draft_model`` (a LlamaGen GPT folder, or a pipeline folder whose transformer drafts)."""
-    from ..pipelines import LlamaGenPipeline, VisualSpecPipeline
+    from ..pipelines import LlamaGenPipeline, MARPipeline, VisualSpecPipeline
 
     folder, description = (model, model) if model else default_model()
     print(f"model: {description}", file=sys.stderr)
     pipe = VisualSpecPipeline.from_pretrained(folder)
-    if not isinstance(pipe, LlamaGenPipeline):
+    if draft_model and isinstance(pipe, MARPipeline):
+        raise SystemExit("error: --draft-model is for LlamaGen folders; MAR has no draft-model decoding yet")
+    if not isinstance(pipe, (LlamaGenPipeline, MARPipeline)):
         raise SystemExit(f"error: {folder} holds a {type(pipe).__name__}, not an image pipeline"
                          + (" (a video model: use `visualspec video --model`)" if hasattr(pipe, "interactive") else ""))
     if draft_model:
@@ -126,6 +129,27 @@ def _decode_kwargs(args) -> dict:
     return kw
 
 
+def _mar_kwargs(args) -> dict:
+    """MAR's options from the command line; the token models' options are refused by name."""
+    token_only = {"--top-k": args.top_k, "--top-p": None if args.top_p == 1.0 else args.top_p,
+                  "--epsilon-cutoff": args.epsilon_cutoff, "--window": None if args.window == "auto" else args.window,
+                  "--coupling": args.coupling, "--gsd-group-size": args.gsd_group_size,
+                  "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta}
+    given = [name for name, value in token_only.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not an option of MAR "
+                         f"(continuous tokens): it takes --num-iter, --guidance-scale, --cfg-schedule, --temperature")
+    if args.decoding not in (None, "ar"):
+        raise ValueError(f"MAR decodes with --decoding ar (its own masked sampler); {args.decoding} is not "
+                         f"built for MAR yet")
+    kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature)
+    if args.num_iter is not None:
+        kw["num_iter"] = args.num_iter
+    if args.cfg_schedule is not None:
+        kw["cfg_schedule"] = args.cfg_schedule
+    return kw
+
+
 def cmd_generate(args) -> int:
     check_image_path(args.output)
     if args.acceptance_map:
@@ -134,8 +158,14 @@ def cmd_generate(args) -> int:
         raise SystemExit("error: --decoding speculative needs --draft-model FOLDER (a smaller LlamaGen of the same "
                          "vocabulary), or use --decoding sjd")
     pipe = load_pipeline(args.model, args.draft_model)
-    out = pipe(_prompt_or_labels(args), decoding=args.decoding, seed=args.seed,
-               num_images_per_prompt=args.num_images, **_decode_kwargs(args))
+    if hasattr(pipe.transformer, "diffloss"):  # MAR: continuous tokens, its own options
+        if args.acceptance_map:
+            raise ValueError("--acceptance-map is for the token pipelines; MAR's masked sampler has none")
+        out = pipe(_prompt_or_labels(args), seed=args.seed, num_images_per_prompt=args.num_images,
+                   **_mar_kwargs(args))
+    else:
+        out = pipe(_prompt_or_labels(args), decoding=args.decoding or "sjd", seed=args.seed,
+                   num_images_per_prompt=args.num_images, **_decode_kwargs(args))
     paths = [args.output] if len(out.images) == 1 else [
         str(Path(args.output).with_name(f"{Path(args.output).stem}_{i}{Path(args.output).suffix}"))
         for i in range(len(out.images))]
@@ -203,6 +233,14 @@ def cmd_convert_llamagen(args) -> int:
 
     convert_llamagen(args.gpt, args.vq, args.out, gpt_model=args.gpt_model, vq_model=args.vq_model,
                      image_size=args.image_size, text_encoder=args.text_encoder, key=args.key)
+    print(args.out)
+    return 0
+
+
+def cmd_convert_mar(args) -> int:
+    from ..pipelines.mar import convert_mar
+
+    convert_mar(args.checkpoint, args.vae, args.out, name=args.name, key=args.key)
     print(args.out)
     return 0
 
@@ -501,11 +539,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", parents=[common], help="generate an image")
     g.add_argument("prompt", nargs="?", help="text prompt (text-conditional models)")
     g.add_argument("--class-label", type=int, default=None, help="class label (class-conditional models)")
-    g.add_argument("--decoding", default="sjd", choices=MODES)
+    g.add_argument("--decoding", default=None, choices=MODES, help="default: sjd (ar for MAR)")
     g.add_argument("-o", "--output", default="out.png")
     g.add_argument("--num-images", type=int, default=1)
     g.add_argument("--stats", action="store_true", help="print the decode statistics")
     g.add_argument("--acceptance-map", metavar="FILE", help="write the per-token acceptance iteration as a picture")
+    g.add_argument("--num-iter", type=int, default=None, help="MAR: its AR steps (default: the folder's)")
+    g.add_argument("--cfg-schedule", choices=("linear", "constant"), default=None,
+                   help="MAR: how guidance grows over the steps (default: the folder's)")
     _add_decoding_args(g)
     g.set_defaults(func=cmd_generate)
 
@@ -633,6 +674,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--key", help="checkpoint entry holding the weights (default: model, ema, module, state_dict)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=cmd_convert_llamagen)
+
+    m = sub.add_parser("convert-mar", parents=[common], help="official MAR checkpoints -> pipeline folder")
+    m.add_argument("--checkpoint", required=True, help="MAR's checkpoint-last.pth")
+    m.add_argument("--vae", required=True, help="MAR's KL-16 autoencoder, kl16.ckpt")
+    m.add_argument("--name", required=True, choices=("mar_base", "mar_large", "mar_huge"))
+    m.add_argument("--key", default="model_ema", help="checkpoint entry holding the weights (default: model_ema)")
+    m.add_argument("--out", required=True)
+    m.set_defaults(func=cmd_convert_mar)
     return parser
 
 
