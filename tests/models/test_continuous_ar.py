@@ -51,11 +51,7 @@ def test_rows_decode_alike_alone_and_in_a_ragged_batch():
     # the draft is the target except for the embedding of class 3: rows of classes 1 and 2 keep every
     # draft, the row of class 3 has some rejected, so the rows commit different counts. (A random
     # head's token barely depends on z; its condition weights are scaled up so that it does.)
-    target, draft = tiny(0), tiny(0)
-    for model in (target, draft):
-        model.diffloss.net.cond_embed.weight.data *= 1000
-    table = draft.backbone.cls_embedding.embedding_table.weight
-    table.data[3] += torch.randn(table.shape[1], generator=torch.Generator().manual_seed(9), dtype=table.dtype)
+    target, draft = _ragged_pair()
     batch, stats = decode_continuous(target, LABELS, N, drafter=ContinuousDraftModelDrafter(draft, LABELS), gamma=3,
                                      generator=_gens())
     histograms = []
@@ -66,6 +62,36 @@ def test_rows_decode_alike_alone_and_in_a_ragged_batch():
         histograms.append(tuple(s.accepted_lengths))
     assert len(set(histograms)) > 1  # the rows accepted different counts, so the batch was ragged
     assert 1 < stats.mean_accepted < 4 and stats.residual_proposals > 0 and stats.residual_fallbacks == 0
+
+
+def test_prefill_leaves_the_first_tokens_to_the_target():
+    target, same = tiny(0), tiny(0)
+    ar, _ = decode_continuous(target, LABELS, N, generator=_gens())
+    sp, stats = decode_continuous(target, LABELS, N, drafter=ContinuousDraftModelDrafter(same, LABELS), gamma=3,
+                                  prefill=0.5, generator=_gens())
+    assert torch.allclose(ar, sp, rtol=1e-9, atol=1e-9)
+    # 7 steps of one token reach position 8 = 0.5 N, then two steps of 4: 1 + 7 + 2 forwards
+    assert stats.target_forwards == 10 and stats.accepted_lengths[:3 * 7] == [1] * 21
+
+
+def _ragged_pair():
+    """A draft that is the target except for the embedding of class 3 (see below)."""
+    target, draft = tiny(0), tiny(0)
+    for model in (target, draft):
+        model.diffloss.net.cond_embed.weight.data *= 1000
+    table = draft.backbone.cls_embedding.embedding_table.weight
+    table.data[3] += torch.randn(table.shape[1], generator=torch.Generator().manual_seed(9), dtype=table.dtype)
+    return target, draft
+
+
+def test_flattening_the_ratio_keeps_more_drafts():
+    target, draft = _ragged_pair()
+    kept = []
+    for flatten in (1.0, 42.0):
+        _, stats = decode_continuous(target, LABELS, N, drafter=ContinuousDraftModelDrafter(draft, LABELS), gamma=3,
+                                     flatten=flatten, generator=_gens())
+        kept.append(stats.mean_accepted)
+    assert kept[1] > kept[0]
 
 
 def test_the_model_saves_and_loads(tmp_path):
@@ -81,6 +107,8 @@ def test_bad_input_gets_a_clear_error():
     target = tiny(0)
     with pytest.raises(ValueError, match="gamma"):
         decode_continuous(target, LABELS, N, drafter=ContinuousDraftModelDrafter(tiny(1), LABELS), gamma=0)
+    with pytest.raises(ValueError, match=r"pre-fill fraction must lie in \[0, 1\)"):
+        decode_continuous(target, LABELS, N, prefill=1.0)
     with pytest.raises(ValueError, match="2 generators for a batch of 3"):
         decode_continuous(target, LABELS, N, generator=_gens((0, 1)))
     target.prefill(LABELS, N)

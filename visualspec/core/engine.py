@@ -509,6 +509,8 @@ def decode_continuous(
     temperature: float = 1.0,
     generator: Generator = None,
     max_proposals: int = 1024,
+    prefill: float = 0.0,
+    flatten: float = 1.0,
     mode: str = "",
 ) -> tuple[torch.Tensor, DecodeStats]:
     """Continuous-token generation: AR, or CSpD with a draft model. Returns ``(tokens (R, N, D), stats)``.
@@ -521,9 +523,14 @@ def decode_continuous(
     each row commits its own count. Every position's head noise is drawn once
     (:class:`PositionNoise`) and shared by draft and target. Rows that finish stay in the batch
     idle. ``guidance_scale`` is MAR's (on the head's eps); ``temperature`` scales the head's noise.
+    ``prefill`` is CSpD's token pre-filling: the first ``floor(prefill * N)`` tokens come from the
+    target alone (every row is there at the same step, since rows start together). ``flatten`` > 1
+    is the released code's flattened ratio (lossy; see :func:`continuous_verify`).
     """
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (drafts per step) must be an integer >= 1, got {gamma!r}")
+    if not 0.0 <= prefill < 1.0:
+        raise ValueError(f"the pre-fill fraction must lie in [0, 1), got {prefill!r}")
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
     t0 = time.perf_counter()
@@ -546,8 +553,9 @@ def decode_continuous(
         drafter.start(B, num_tokens, sampling)
     while bool((rows.n < num_tokens).any()):
         n, live = rows.n, rows.n < num_tokens
-        k = gamma if drafter is not None else 0
-        if drafter is not None:
+        prefilling = bool((n < int(prefill * num_tokens)).any())  # rows move together until then
+        k = gamma if drafter is not None and not prefilling else 0
+        if k:
             drafts, q = drafter.propose(rows.seq, n, k, noise, temperature)
         else:
             drafts = rows.seq.new_empty(B, 0, D)
@@ -559,14 +567,15 @@ def decode_continuous(
         tokens, p = tokens.view(B, k + 1, D), Gaussian(p.mean.view(B, k + 1, D), p.std.view(B, k + 1, D))
         stats.target_forwards += 1
         rows.forwards += live.long()
-        verdict = continuous_verify(drafts, q, p, rows.generator, bonus=tokens[:, k], max_proposals=max_proposals)
+        verdict = continuous_verify(drafts, q, p, rows.generator, bonus=tokens[:, k], max_proposals=max_proposals,
+                                    flatten=flatten)
         stats.residual_proposals += int(verdict.proposals[live].sum())
         stats.residual_fallbacks += int(verdict.fallbacks[live].sum())
         candidates = torch.cat([drafts, verdict.next_tokens[:, None]], 1)
         candidates.scatter_(1, verdict.num_accepted[:, None, None].expand(B, 1, D), verdict.next_tokens[:, None])
         counts = rows.commit(candidates, verdict.num_accepted)
         stats.accepted_lengths.extend(counts[counts > 0].tolist())
-        if drafter is not None:
+        if k:
             drafter.observe(n, counts)
     stats.fixed_at, stats.row_forwards = rows.fixed.cpu(), rows.forwards.cpu()
     stats.draft_forwards = drafter.forwards if drafter is not None else 0
