@@ -24,6 +24,7 @@ gives MAR's sampler exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -171,6 +172,12 @@ class DiffusionSchedule:
         return self.c0[i] * x0 + self.ct[i] * x, log_var
 
 
+@functools.lru_cache(maxsize=4)
+def _training_alpha_bar(num_timesteps: int = 1000) -> torch.Tensor:
+    """alpha_bar of every training step (the cosine schedule, unspaced)."""
+    return DiffusionSchedule(num_timesteps, num_timesteps).abar
+
+
 class DiffusionHead(nn.Module):
     """MAR's diffusion head (its ``DiffLoss``): ``net`` and the sampling schedule.
 
@@ -183,6 +190,17 @@ class DiffusionHead(nn.Module):
         self.channels = channels
         self.net = AdaLNMLP(channels, width, z_channels, depth)
         self.schedule = DiffusionSchedule(num_sampling_steps)
+
+    def loss(self, x0: torch.Tensor, z: torch.Tensor, generator=None) -> torch.Tensor:
+        """The training loss for tokens x0 (N, D) under conditions z (N, z_dim): the mean squared
+        error of the predicted noise at a random one of the 1,000 training steps (MAR's simple
+        loss; the variance outputs are not trained here and stay at the middle of their range)."""
+        abar = _training_alpha_bar().to(x0.device)
+        t = torch.randint(0, len(abar), (x0.shape[0],), generator=generator, device=x0.device)
+        eps = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        a = abar[t][:, None].to(x0.dtype)
+        out = self.net(a.sqrt() * x0 + (1 - a).sqrt() * eps, t, z)
+        return (out[:, :self.channels] - eps).pow(2).mean()
 
     def noise(self, rows: int, generator=None, device=None) -> dict:
         """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).

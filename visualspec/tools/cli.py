@@ -6,6 +6,7 @@
     visualspec eval geneval images/          visualspec eval fid images/ --ref stats.npz
     visualspec bench --images 4 --json bench.json
     visualspec train-shapes --out assets/shapes-t2i
+    visualspec train-continuous --out continuous-shapes
     visualspec video --actions right,right,up --frames 60 -o play.mp4
     visualspec bench-video --quality
     visualspec train-arena --out assets/arena-nfd
@@ -380,6 +381,15 @@ def cmd_train_shapes(args) -> int:
     return 0
 
 
+def cmd_train_continuous(args) -> int:
+    from ..training.continuous import ContinuousShapesConfig, train_continuous_shapes
+
+    cfg = ContinuousShapesConfig(**({} if args.seed is None else {"seed": args.seed}))
+    train_continuous_shapes(args.out, args.work_dir, cfg)
+    print(args.out)
+    return 0
+
+
 def world_model(folder: str | None):
     """The video pipeline: ``folder`` or the shipped arena world."""
     from ..pipelines import NextFramePipeline
@@ -597,6 +607,13 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0, help="prompt seed (the README's tables use 2000, 3000, 5000)")
     pr.add_argument("-o", "--output", default="prompts.jsonl")
     pr.set_defaults(func=cmd_prompts)
+
+    tc = sub.add_parser("train-continuous", parents=[common],
+                        help="train a continuous-token target and draft on the shapes world (CSpD)")
+    tc.add_argument("--out", required=True, help="folder to write (autoencoder/, target/, draft/)")
+    tc.add_argument("--work-dir", default=str(cache_dir() / "train-continuous"), help="checkpoints; rerun to resume")
+    tc.add_argument("--seed", type=int, help="default: the recipe's (0)")
+    tc.set_defaults(func=cmd_train_continuous)
 
     t = sub.add_parser("train-shapes", parents=[common],
                        help="train the shapes-world model (and the FID-shapes features)")

@@ -1,0 +1,59 @@
+"""The continuous-token training command: it writes an autoencoder, a target and a draft that
+decode together (CSpD), and an interrupted run resumes to the same weights."""
+
+import json
+
+import pytest
+import torch
+
+from visualspec.core.engine import decode_continuous
+from visualspec.drafters import ContinuousDraftModelDrafter
+from visualspec.models.continuous_ar import ContinuousARTransformer
+from visualspec.models.kl_vae import KLAutoencoder
+from visualspec.training.continuous import ContinuousShapesConfig, latent_tokens, train_continuous_shapes
+from visualspec.training.shapes import world_batch
+
+TINY = dict(token_dim=4, kl_steps=2, kl_batch=2, target_dim=32, target_layers=1, target_heads=2, target_head_depth=1,
+            target_head_width=32, target_steps=2, draft_dim=32, draft_layers=1, draft_heads=2, draft_head_depth=1,
+            draft_head_width=32, draft_steps=2, ar_batch=2, warmup_steps=1, head_batch_mul=2, num_sampling_steps=5,
+            checkpoint_seconds=0.0)
+
+
+def test_training_writes_models_that_decode_together(tmp_path):
+    train_continuous_shapes(str(tmp_path / "out"), str(tmp_path / "work"), ContinuousShapesConfig(**TINY), progress=False)
+    kl = KLAutoencoder.from_pretrained(tmp_path / "out" / "autoencoder")
+    target = ContinuousARTransformer.from_pretrained(tmp_path / "out" / "target").eval()
+    draft = ContinuousARTransformer.from_pretrained(tmp_path / "out" / "draft").eval()
+    tokens = latent_tokens(kl, world_batch(5, 0, 64)[0])
+    assert tokens.shape == (64, 256, 4) and abs(float(tokens.std()) - 1) < 0.2  # the scale gives unit latents
+    prefix = (torch.randn(1, 16, target.config.caption_dim), torch.ones(1, 16, dtype=torch.long))
+    out, stats = decode_continuous(target, prefix, 256, drafter=ContinuousDraftModelDrafter(draft, prefix), gamma=4,
+                                   generator=[torch.Generator().manual_seed(0)])
+    assert out.shape == (1, 256, 4) and stats.target_forwards < 256 + 1
+    record = json.loads((tmp_path / "out" / "training.json").read_text())
+    assert record["config"]["target_steps"] == 2 and record["command"] == "visualspec train-continuous"
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    cfg = ContinuousShapesConfig(**TINY)
+    train_continuous_shapes(str(tmp_path / "straight"), str(tmp_path / "w1"), cfg, progress=False)
+    import visualspec.training.continuous as train
+
+    real, calls = train.caption_batch, {"n": 0}
+
+    def interrupted(seed, step, *args):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the draft's stage (after the target's two steps), after one step
+            raise KeyboardInterrupt
+        return real(seed, step, *args)
+
+    monkeypatch.setattr(train, "caption_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_continuous_shapes(str(tmp_path / "resumed"), str(tmp_path / "w2"), cfg, progress=False)
+    monkeypatch.setattr(train, "caption_batch", real)
+    train_continuous_shapes(str(tmp_path / "resumed"), str(tmp_path / "w2"), cfg, progress=False)
+    for part in ("autoencoder", "target", "draft"):
+        cls = KLAutoencoder if part == "autoencoder" else ContinuousARTransformer
+        a = cls.from_pretrained(tmp_path / "straight" / part).state_dict()
+        b = cls.from_pretrained(tmp_path / "resumed" / part).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), part
