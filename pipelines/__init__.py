@@ -2,8 +2,9 @@
 
 from .base import VisualSpecPipeline, register_pipeline
 from .llamagen import LlamaGenPipeline, VisualSpecImageOutput
+from .continuous import ContinuousARPipeline
 from .mar import MARPipeline
 from .nfd import NextFramePipeline, VisualSpecVideoOutput, export_video
 
-__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "MARPipeline", "VisualSpecImageOutput",
+__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "ContinuousARPipeline", "MARPipeline", "VisualSpecImageOutput",
            "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]

@@ -44,39 +44,12 @@ def check_draft_compatible(target: LlamaGenGPT, draft: LlamaGenGPT) -> None:
                              f"target's ({getattr(target.config, name)})")
 
 
-@register_pipeline
-class LlamaGenPipeline(VisualSpecPipeline):
-    """Class- or text-conditional image generation with a LlamaGen GPT and VQ tokenizer.
-
-    Components: ``transformer`` (:class:`LlamaGenGPT`), ``vq_model`` (:class:`LlamaGenVQModel`),
-    and for text-conditional models a ``text_encoder`` (any transformers encoder whose
-    ``last_hidden_state`` has ``caption_dim`` features) with its ``tokenizer``. An optional
-    ``draft_model`` (a smaller LlamaGen GPT of the same vocabulary) enables
-    ``decoding="speculative"``.
-    """
-
-    model_cpu_offload_seq = "text_encoder->transformer->vq_model"
-    _optional_components = ["text_encoder", "tokenizer", "draft_model"]
-
-    def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
-                 draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0,
-                 default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
-                 default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0,
-                 default_coupling: bool = False, default_gsd_group_size: int = 3,
-                 default_gsd_max_distance: float | None = None):
-        super().__init__()
-        self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
-                              tokenizer=tokenizer, draft_model=draft_model)
-        # sampling defaults that belong to the model (saved in model_index.json)
-        self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
-                                default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta,
-                                default_jacobi_init=default_jacobi_init,
-                                default_epsilon_cutoff=default_epsilon_cutoff, default_coupling=default_coupling,
-                                default_gsd_group_size=default_gsd_group_size,
-                                default_gsd_max_distance=default_gsd_max_distance)
-        self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
-
-    # ------------------------------------------------------------------ conditions
+class PromptConditioning:
+    """The conditions of an image pipeline whose ``transformer`` is LlamaGen-shaped (its config has
+    ``model_type``, ``num_classes``, ``cls_token_num``, ``caption_dim``; it has ``null_condition``):
+    prompts through ``text_encoder`` and ``tokenizer`` (text models) or class labels, checked, and
+    the model prefix doubled as [cond; null] under guidance. Shared by the token and the
+    continuous-token pipelines."""
 
     @property
     def is_text_conditional(self) -> bool:
@@ -107,10 +80,10 @@ class LlamaGenPipeline(VisualSpecPipeline):
             raise ValueError(f"prompts[{empty[0]}] is empty; give each image a prompt")
         is_label = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items)
         if self.is_text_conditional and not is_text:
-            raise ValueError("this LlamaGen model is text-conditional: pass a prompt string or a list of strings")
+            raise ValueError("this model is text-conditional: pass a prompt string or a list of strings")
         if not self.is_text_conditional:
             if is_text:
-                raise ValueError("this LlamaGen model is class-conditional: pass class labels (ints), not a prompt")
+                raise ValueError("this model is class-conditional: pass class labels (ints), not a prompt")
             if not is_label:
                 raise ValueError(f"class labels must be integers, got {items!r}")
             n = self.transformer.config.num_classes
@@ -157,7 +130,7 @@ class LlamaGenPipeline(VisualSpecPipeline):
         feats = feats.gather(1, order[..., None].expand_as(feats)) * mask.gather(1, order)[..., None]
         return feats.to(self.transformer.dtype), mask.gather(1, order)
 
-    def _prefix(self, model: LlamaGenGPT, cond, sampling: SamplingConfig, rows=None):
+    def _prefix(self, model, cond, sampling: SamplingConfig, rows=None):
         """The model input for B conditions (or for those of ``rows``), doubled as [cond; null]
         under guidance."""
         if rows is not None:
@@ -169,6 +142,39 @@ class LlamaGenPipeline(VisualSpecPipeline):
             if mask is not None:
                 mask = torch.cat([mask, torch.ones_like(mask)])
         return feats if mask is None else (feats, mask)
+
+
+@register_pipeline
+class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
+    """Class- or text-conditional image generation with a LlamaGen GPT and VQ tokenizer.
+
+    Components: ``transformer`` (:class:`LlamaGenGPT`), ``vq_model`` (:class:`LlamaGenVQModel`),
+    and for text-conditional models a ``text_encoder`` (any transformers encoder whose
+    ``last_hidden_state`` has ``caption_dim`` features) with its ``tokenizer``. An optional
+    ``draft_model`` (a smaller LlamaGen GPT of the same vocabulary) enables
+    ``decoding="speculative"``.
+    """
+
+    model_cpu_offload_seq = "text_encoder->transformer->vq_model"
+    _optional_components = ["text_encoder", "tokenizer", "draft_model"]
+
+    def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
+                 draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0,
+                 default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
+                 default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0,
+                 default_coupling: bool = False, default_gsd_group_size: int = 3,
+                 default_gsd_max_distance: float | None = None):
+        super().__init__()
+        self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
+                              tokenizer=tokenizer, draft_model=draft_model)
+        # sampling defaults that belong to the model (saved in model_index.json)
+        self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
+                                default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta,
+                                default_jacobi_init=default_jacobi_init,
+                                default_epsilon_cutoff=default_epsilon_cutoff, default_coupling=default_coupling,
+                                default_gsd_group_size=default_gsd_group_size,
+                                default_gsd_max_distance=default_gsd_max_distance)
+        self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ LANTERN neighbourhoods
 

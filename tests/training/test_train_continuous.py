@@ -6,10 +6,7 @@ import json
 import pytest
 import torch
 
-from visualspec.core.engine import decode_continuous
-from visualspec.drafters import ContinuousDraftModelDrafter
-from visualspec.models.continuous_ar import ContinuousARTransformer
-from visualspec.models.kl_vae import KLAutoencoder
+from visualspec.pipelines import ContinuousARPipeline, VisualSpecPipeline
 from visualspec.training.continuous import ContinuousShapesConfig, latent_tokens, train_continuous_shapes
 from visualspec.training.shapes import world_batch
 
@@ -21,15 +18,12 @@ TINY = dict(token_dim=4, kl_steps=2, kl_batch=2, target_dim=32, target_layers=1,
 
 def test_training_writes_models_that_decode_together(tmp_path):
     train_continuous_shapes(str(tmp_path / "out"), str(tmp_path / "work"), ContinuousShapesConfig(**TINY), progress=False)
-    kl = KLAutoencoder.from_pretrained(tmp_path / "out" / "autoencoder")
-    target = ContinuousARTransformer.from_pretrained(tmp_path / "out" / "target").eval()
-    draft = ContinuousARTransformer.from_pretrained(tmp_path / "out" / "draft").eval()
-    tokens = latent_tokens(kl, world_batch(5, 0, 64)[0])
+    pipe = VisualSpecPipeline.from_pretrained(tmp_path / "out")
+    assert isinstance(pipe, ContinuousARPipeline) and pipe.draft_model is not None
+    tokens = latent_tokens(pipe.vae, world_batch(5, 0, 64)[0])
     assert tokens.shape == (64, 256, 4) and abs(float(tokens.std()) - 1) < 0.2  # the scale gives unit latents
-    prefix = (torch.randn(1, 16, target.config.caption_dim), torch.ones(1, 16, dtype=torch.long))
-    out, stats = decode_continuous(target, prefix, 256, drafter=ContinuousDraftModelDrafter(draft, prefix), gamma=4,
-                                   generator=[torch.Generator().manual_seed(0)])
-    assert out.shape == (1, 256, 4) and stats.target_forwards < 256 + 1
+    out = pipe("a photo of a red circle", seed=0, gamma=4)  # CSpD with the trained draft
+    assert out.images[0].size == (64, 64) and out.stats.mode == "cspd" and out.stats.target_forwards <= 256
     record = json.loads((tmp_path / "out" / "training.json").read_text())
     assert record["config"]["target_steps"] == 2 and record["command"] == "visualspec train-continuous"
 
@@ -52,8 +46,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
         train_continuous_shapes(str(tmp_path / "resumed"), str(tmp_path / "w2"), cfg, progress=False)
     monkeypatch.setattr(train, "caption_batch", real)
     train_continuous_shapes(str(tmp_path / "resumed"), str(tmp_path / "w2"), cfg, progress=False)
-    for part in ("autoencoder", "target", "draft"):
-        cls = KLAutoencoder if part == "autoencoder" else ContinuousARTransformer
-        a = cls.from_pretrained(tmp_path / "straight" / part).state_dict()
-        b = cls.from_pretrained(tmp_path / "resumed" / part).state_dict()
-        assert all(torch.equal(a[k], b[k]) for k in a), part
+    a, b = (VisualSpecPipeline.from_pretrained(tmp_path / run) for run in ("straight", "resumed"))
+    for part in ("vae", "transformer", "draft_model"):
+        x, y = getattr(a, part).state_dict(), getattr(b, part).state_dict()
+        assert all(torch.equal(x[k], y[k]) for k in x), part

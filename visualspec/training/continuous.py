@@ -17,8 +17,9 @@ batch, so a resumed stage ends with the same weights):
    by its null caption for classifier-free guidance).
 
 Checkpoints go to ``--work-dir`` every few minutes; rerunning the command resumes. A GPU is used
-when present. The output folder holds ``autoencoder/``, ``target/``, ``draft/`` and
-``training.json``.
+when present. The output is a :class:`visualspec.pipelines.ContinuousARPipeline` folder (the
+target as ``transformer``, ``draft_model``, ``vae``, the shapes model's text encoder and tokenizer)
+with ``training.json``.
 """
 
 from __future__ import annotations
@@ -167,9 +168,11 @@ def train_continuous_shapes(out: str, work_dir: str, cfg: ContinuousShapesConfig
     kl = train_autoencoder(cfg, work, device, progress)
     target = train_ar(cfg, "target", kl, text, work, device, progress)
     draft = train_ar(cfg, "draft", kl, text, work, device, progress)
-    out = Path(out)
-    for name, module in (("autoencoder", kl), ("target", target), ("draft", draft)):
-        module.to("cpu").save_pretrained(out / name)
-    (out / "training.json").write_text(json.dumps(
+    from ..pipelines import ContinuousARPipeline
+
+    pipe = ContinuousARPipeline(transformer=target.cpu(), vae=kl.cpu(), text_encoder=text.text_encoder.cpu(),
+                                tokenizer=text.tokenizer, draft_model=draft.cpu())
+    pipe.save_pretrained(out)
+    (Path(out) / "training.json").write_text(json.dumps(
         {"config": asdict(cfg), "command": "visualspec train-continuous", "seconds_this_run": round(time.time() - t0)},
         indent=1) + "\n")

@@ -1,0 +1,117 @@
+"""The continuous-token pipeline: prompt or class -> continuous latent tokens (AR or CSpD) -> KL decode.
+
+The transformer is a causal continuous-token model
+(:class:`visualspec.models.continuous_ar.ContinuousARTransformer`) that draws each token with MAR's
+diffusion head; ``decoding="cspd"`` drafts ``gamma`` tokens a step with ``draft_model`` and keeps
+them by CSpD's density-ratio rule (:func:`visualspec.core.engine.decode_continuous`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from visualspec.core.engine import decode_continuous
+from visualspec.core.sampling import SamplingConfig, make_generator
+from visualspec.drafters import ContinuousDraftModelDrafter
+
+from ..models.continuous_ar import ContinuousARTransformer
+from ..models.kl_vae import KLAutoencoder
+from .base import VisualSpecPipeline, register_pipeline
+from .llamagen import OUTPUT_TYPES, PromptConditioning, VisualSpecImageOutput
+
+CONTINUOUS_DECODING = ("ar", "cspd")
+
+
+def check_continuous_draft(target: ContinuousARTransformer, draft: ContinuousARTransformer) -> None:
+    """A CSpD draft must draw tokens of the target's dimension over the same grid and condition."""
+    fields = ["token_dim", "model_type", "block_size"]
+    fields += ["cls_token_num", "caption_dim"] if target.config.model_type == "t2i" else ["num_classes"]
+    for name in fields:
+        if getattr(draft.config, name) != getattr(target.config, name):
+            raise ValueError(f"the draft model's {name} ({getattr(draft.config, name)}) differs from the target's "
+                             f"({getattr(target.config, name)})")
+
+
+@register_pipeline
+class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
+    """Components: ``transformer`` (the target), ``vae`` (:class:`KLAutoencoder`), for text models
+    ``text_encoder`` and ``tokenizer``, and optionally ``draft_model`` (a smaller continuous-token
+    model of the same token dimension) for ``decoding="cspd"``."""
+
+    model_cpu_offload_seq = "text_encoder->transformer->vae"
+    _optional_components = ["text_encoder", "tokenizer", "draft_model"]
+
+    def __init__(self, transformer: ContinuousARTransformer, vae: KLAutoencoder, text_encoder=None, tokenizer=None,
+                 draft_model: ContinuousARTransformer | None = None, default_guidance_scale: float = 3.0,
+                 default_gamma: int = 4, default_prefill: float = 0.05):
+        super().__init__()
+        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              draft_model=draft_model)
+        self.register_to_config(default_guidance_scale=default_guidance_scale, default_gamma=default_gamma,
+                                default_prefill=default_prefill)
+
+    def check_inputs(self, decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
+                     num_images_per_prompt) -> None:
+        if decoding not in CONTINUOUS_DECODING:
+            raise ValueError(f"decoding must be one of {CONTINUOUS_DECODING} for continuous tokens, got {decoding!r}")
+        if decoding == "cspd":
+            if self.draft_model is None:
+                raise ValueError("decoding='cspd' needs a draft_model (a smaller continuous-token model)")
+            check_continuous_draft(self.transformer, self.draft_model)
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma (drafts per step) must be an integer >= 1, got {gamma!r}")
+        if not 0.0 <= prefill < 1.0:
+            raise ValueError(f"the pre-fill fraction must lie in [0, 1), got {prefill!r}")
+        if not guidance_scale >= 1.0:
+            raise ValueError(f"guidance_scale must be >= 1 (1 = no guidance), got {guidance_scale}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 for a diffusion head, got {temperature}")
+        if not flatten >= 1.0:
+            raise ValueError(f"flatten must be >= 1 (1 = the exact rule), got {flatten}")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
+
+    @torch.no_grad()
+    def __call__(self, prompt=None, class_labels=None, *, decoding: str | None = None, gamma: int | None = None,
+                 prefill: float | None = None, guidance_scale: float | None = None, temperature: float = 1.0,
+                 flatten: float = 1.0, num_images_per_prompt: int = 1, seed: int | None = None, generator=None,
+                 output_type: str = "pil", return_dict: bool = True):
+        """Generate images. ``decoding``: ``"ar"`` or ``"cspd"`` (default: cspd when the folder has
+        a draft model); ``gamma`` drafts per step, ``prefill`` the share of tokens the target draws
+        alone first, ``guidance_scale`` and the three default to the folder's; ``temperature``
+        scales the head's noise; ``flatten`` > 1 is the released CSpD code's flattened ratio
+        (lossy, for measuring); ``seed`` / ``generator`` (one, or one per image); ``output_type``
+        ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (tokens (B, N, D))."""
+        decoding = decoding or ("cspd" if self.draft_model is not None else "ar")
+        gamma = self.config.default_gamma if gamma is None else gamma
+        prefill = self.config.default_prefill if prefill is None else prefill
+        guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
+        self.check_inputs(decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
+                          num_images_per_prompt)
+        sampling = SamplingConfig(guidance_scale=guidance_scale)
+        cond = self._conditions(prompt, class_labels, num_images_per_prompt)
+        target = self.transformer
+        drafter = None
+        if decoding == "cspd":
+            drafter = ContinuousDraftModelDrafter(self.draft_model, self._prefix(self.draft_model, cond, sampling))
+        tokens, stats = decode_continuous(target, self._prefix(target, cond, sampling), target.config.block_size,
+                                          drafter=drafter, gamma=gamma, guidance_scale=guidance_scale,
+                                          temperature=temperature, generator=make_generator(seed, generator),
+                                          prefill=prefill if drafter is not None else 0.0, flatten=flatten,
+                                          mode=decoding)
+        images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
+        if not return_dict:
+            return images, stats
+        return VisualSpecImageOutput(images=images, stats=stats)
+
+    def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
+        """Raster-order tokens (B, N, D) -> images through the autoencoder."""
+        g = self.transformer.backbone.grid_size
+        latents = tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], g, g)
+        images = ((self.vae.decode(latents.to(self.vae.dtype)).float() + 1) / 2).clamp(0, 1)
+        if output_type == "pt":
+            return images
+        array = images.permute(0, 2, 3, 1).cpu().numpy()
+        return self.numpy_to_pil(array) if output_type == "pil" else array
