@@ -64,6 +64,10 @@ class ContinuousARTransformer(ModelMixin, ConfigMixin):
     def token_dim(self) -> int:
         return self.config.token_dim
 
+    @property
+    def grid_size(self) -> int:
+        return self.backbone.grid_size
+
     # the token-model protocol, returning z (the head's condition) instead of logits
     def prefill(self, prefix, max_new_tokens: int) -> torch.Tensor:
         return self.backbone.prefill(prefix, max_new_tokens)

@@ -108,7 +108,7 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
 
     def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
         """Raster-order tokens (B, N, D) -> images through the autoencoder."""
-        g = self.transformer.backbone.grid_size
+        g = self.transformer.grid_size
         latents = tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], g, g)
         images = ((self.vae.decode(latents.to(self.vae.dtype)).float() + 1) / 2).clamp(0, 1)
         if output_type == "pt":

@@ -52,3 +52,15 @@ def test_bad_input_names_the_problem(folder):
     pipe.register_modules(draft_model=None)
     with pytest.raises(ValueError, match="needs a draft_model"):
         pipe([1], decoding="cspd")
+
+
+def test_the_command_line_generates_with_cspd(folder, tmp_path, capsys):
+    from visualspec.tools.cli import main
+
+    out, amap = tmp_path / "c.png", tmp_path / "map.png"
+    assert main(["generate", "--class-label", "3", "--model", str(folder), "--gamma", "2", "--prefill", "0.25",
+                 "-o", str(out), "--stats", "--acceptance-map", str(amap)]) == 0
+    assert out.is_file() and amap.is_file() and "cspd:" in capsys.readouterr().out
+    assert main(["generate", "--class-label", "3", "--model", str(folder), "--window", "4", "-o", str(out)]) == 2
+    assert "--window is not an option of a continuous-token model" in capsys.readouterr().err
+    assert main(["generate", "--class-label", "3", "--model", str(folder), "--decoding", "sjd", "-o", str(out)]) == 2

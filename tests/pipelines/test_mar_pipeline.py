@@ -75,5 +75,7 @@ def test_the_command_line_generates_with_mar(folder, tmp_path, capsys):
     assert out.is_file() and "mar:" in capsys.readouterr().out
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--top-k", "5", "-o", str(out)]) == 2
     assert "--top-k is not an option of MAR" in capsys.readouterr().err
+    assert main(["generate", "--class-label", "3", "--model", str(folder), "--gamma", "3", "-o", str(out)]) == 2
+    assert "--gamma is not an option of MAR" in capsys.readouterr().err
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--decoding", "sjd", "-o", str(out)]) == 2
-    assert "not built for MAR" in capsys.readouterr().err
+    assert "is not built for it" in capsys.readouterr().err

@@ -57,14 +57,14 @@ def tiny_random_folder() -> str:
 def load_pipeline(model: str | None, draft_model: str | None = None):
     """The image pipeline in ``model`` (default: the shipped one), with the draft model of
     ``draft_model`` (a LlamaGen GPT folder, or a pipeline folder whose transformer drafts)."""
-    from ..pipelines import LlamaGenPipeline, MARPipeline, VisualSpecPipeline
+    from ..pipelines import ContinuousARPipeline, LlamaGenPipeline, MARPipeline, VisualSpecPipeline
 
     folder, description = (model, model) if model else default_model()
     print(f"model: {description}", file=sys.stderr)
     pipe = VisualSpecPipeline.from_pretrained(folder)
-    if draft_model and isinstance(pipe, MARPipeline):
-        raise SystemExit("error: --draft-model is for LlamaGen folders; MAR has no draft-model decoding yet")
-    if not isinstance(pipe, (LlamaGenPipeline, MARPipeline)):
+    if draft_model and isinstance(pipe, (MARPipeline, ContinuousARPipeline)):
+        raise SystemExit("error: --draft-model is for LlamaGen folders; a continuous-token folder holds its own draft")
+    if not isinstance(pipe, (LlamaGenPipeline, MARPipeline, ContinuousARPipeline)):
         raise SystemExit(f"error: {folder} holds a {type(pipe).__name__}, not an image pipeline"
                          + (" (a video model: use `visualspec video --model`)" if hasattr(pipe, "interactive") else ""))
     if draft_model:
@@ -130,24 +130,29 @@ def _decode_kwargs(args) -> dict:
     return kw
 
 
-def _mar_kwargs(args) -> dict:
-    """MAR's options from the command line; the token models' options are refused by name."""
-    token_only = {"--top-k": args.top_k, "--top-p": None if args.top_p == 1.0 else args.top_p,
-                  "--epsilon-cutoff": args.epsilon_cutoff, "--window": None if args.window == "auto" else args.window,
-                  "--coupling": args.coupling, "--gsd-group-size": args.gsd_group_size,
-                  "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta}
-    given = [name for name, value in token_only.items() if value is not None]
+def _continuous_kwargs(args, mar: bool) -> dict:
+    """The options of a continuous-token pipeline (MAR's sampler, or AR/CSpD) from the command line;
+    the token pipelines' options, and the other kind's, are refused by name."""
+    refused = {"--top-k": args.top_k, "--top-p": None if args.top_p == 1.0 else args.top_p,
+               "--epsilon-cutoff": args.epsilon_cutoff, "--window": None if args.window == "auto" else args.window,
+               "--coupling": args.coupling, "--gsd-group-size": args.gsd_group_size,
+               "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta}
+    refused.update({"--gamma": args.gamma, "--prefill": args.prefill} if mar else
+                   {"--num-iter": args.num_iter, "--cfg-schedule": args.cfg_schedule})
+    given = [name for name, value in refused.items() if value is not None]
+    own = "--num-iter, --guidance-scale, --cfg-schedule, --temperature" if mar else \
+        "--decoding ar|cspd, --gamma, --prefill, --guidance-scale, --temperature"
+    kind = "MAR" if mar else "a continuous-token model"
     if given:
-        raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not an option of MAR "
-                         f"(continuous tokens): it takes --num-iter, --guidance-scale, --cfg-schedule, --temperature")
-    if args.decoding not in (None, "ar"):
-        raise ValueError(f"MAR decodes with --decoding ar (its own masked sampler); {args.decoding} is not "
-                         f"built for MAR yet")
+        raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not an option of {kind}: "
+                         f"it takes {own}")
+    allowed = (None, "ar") if mar else (None, "ar", "cspd")
+    if args.decoding not in allowed:
+        raise ValueError(f"{kind} decodes with --decoding {' or '.join(a for a in allowed if a)}; "
+                         f"{args.decoding} is not built for it")
     kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature)
-    if args.num_iter is not None:
-        kw["num_iter"] = args.num_iter
-    if args.cfg_schedule is not None:
-        kw["cfg_schedule"] = args.cfg_schedule
+    names = ("num_iter", "cfg_schedule") if mar else ("decoding", "gamma", "prefill")
+    kw.update({name: getattr(args, name) for name in names if getattr(args, name) is not None})
     return kw
 
 
@@ -159,11 +164,14 @@ def cmd_generate(args) -> int:
         raise SystemExit("error: --decoding speculative needs --draft-model FOLDER (a smaller LlamaGen of the same "
                          "vocabulary), or use --decoding sjd")
     pipe = load_pipeline(args.model, args.draft_model)
-    if hasattr(pipe.transformer, "diffloss"):  # MAR: continuous tokens, its own options
-        if args.acceptance_map:
-            raise ValueError("--acceptance-map is for the token pipelines; MAR's masked sampler has none")
+    from ..pipelines import ContinuousARPipeline, MARPipeline
+
+    if isinstance(pipe, (MARPipeline, ContinuousARPipeline)):  # continuous tokens: their own options
+        mar = isinstance(pipe, MARPipeline)
+        if args.acceptance_map and mar:
+            raise ValueError("--acceptance-map is for the raster-order pipelines; MAR's masked sampler has none")
         out = pipe(_prompt_or_labels(args), seed=args.seed, num_images_per_prompt=args.num_images,
-                   **_mar_kwargs(args))
+                   **_continuous_kwargs(args, mar))
     else:
         out = pipe(_prompt_or_labels(args), decoding=args.decoding or "sjd", seed=args.seed,
                    num_images_per_prompt=args.num_images, **_decode_kwargs(args))
@@ -549,12 +557,16 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", parents=[common], help="generate an image")
     g.add_argument("prompt", nargs="?", help="text prompt (text-conditional models)")
     g.add_argument("--class-label", type=int, default=None, help="class label (class-conditional models)")
-    g.add_argument("--decoding", default=None, choices=MODES, help="default: sjd (ar for MAR)")
+    g.add_argument("--decoding", default=None, choices=MODES + ("cspd",),
+                   help="default: sjd (token models), cspd (continuous-token models with a draft), ar (MAR)")
     g.add_argument("-o", "--output", default="out.png")
     g.add_argument("--num-images", type=int, default=1)
     g.add_argument("--stats", action="store_true", help="print the decode statistics")
     g.add_argument("--acceptance-map", metavar="FILE", help="write the per-token acceptance iteration as a picture")
     g.add_argument("--num-iter", type=int, default=None, help="MAR: its AR steps (default: the folder's)")
+    g.add_argument("--gamma", type=int, default=None, help="continuous tokens: drafts per step (default: the folder's)")
+    g.add_argument("--prefill", type=float, default=None,
+                   help="continuous tokens: share of tokens the target draws alone first (default: the folder's)")
     g.add_argument("--cfg-schedule", choices=("linear", "constant"), default=None,
                    help="MAR: how guidance grows over the steps (default: the folder's)")
     _add_decoding_args(g)
