@@ -91,7 +91,7 @@ class ShapesTrainingConfig:
     top_k: int = 0  # 0 = off
     epsilon_cutoff: float = 3e-3  # tokens below this conditional probability are left out before guidance
     lantern_k: int = 16  # LANTERN's neighbourhood: the k nearest codes of the (pruned) codebook
-    lantern_delta: float = 0.02  # LANTERN's total-variation budget per token
+    lantern_delta: float = 0.05  # LANTERN's total-variation budget per token
     jacobi_init: str = "repeat_above"  # how SJD and LANTERN fill fresh draft positions
     gsd_group_size: int = 1  # GSD's group half-width in the target's ranking
 
