@@ -44,7 +44,7 @@ def test_the_schedule_is_the_cosine_one_respaced():
         DiffusionSchedule(0)
 
 
-def _head(seed, depth=2, width=48, steps=20):
+def _head(seed, depth=2, width=48, steps=10):
     torch.manual_seed(seed)
     head = DiffusionHead(4, 24, depth, width, num_sampling_steps=steps)
     for p in head.parameters():  # a trained head's layers are not zero: give every layer weight

@@ -16,21 +16,17 @@ TINY = dict(token_dim=4, kl_steps=2, kl_batch=2, target_dim=32, target_layers=1,
             checkpoint_seconds=0.0)
 
 
-def test_training_writes_models_that_decode_together(tmp_path):
-    train_continuous_shapes(str(tmp_path / "out"), str(tmp_path / "work"), ContinuousShapesConfig(**TINY), progress=False)
-    pipe = VisualSpecPipeline.from_pretrained(tmp_path / "out")
+def test_training_writes_a_folder_that_generates_and_an_interrupted_run_resumes(tmp_path, monkeypatch):
+    cfg = ContinuousShapesConfig(**TINY)
+    train_continuous_shapes(str(tmp_path / "straight"), str(tmp_path / "w1"), cfg, progress=False)
+    pipe = VisualSpecPipeline.from_pretrained(tmp_path / "straight")
     assert isinstance(pipe, ContinuousARPipeline) and pipe.draft_model is not None
     tokens = latent_tokens(pipe.vae, world_batch(5, 0, 64)[0])
     assert tokens.shape == (64, 256, 4) and abs(float(tokens.std()) - 1) < 0.2  # the scale gives unit latents
     out = pipe("a photo of a red circle", seed=0, gamma=4)  # CSpD with the trained draft
     assert out.images[0].size == (64, 64) and out.stats.mode == "cspd" and out.stats.target_forwards <= 256
-    record = json.loads((tmp_path / "out" / "training.json").read_text())
+    record = json.loads((tmp_path / "straight" / "training.json").read_text())
     assert record["config"]["target_steps"] == 2 and record["command"] == "visualspec train-continuous"
-
-
-def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path, monkeypatch):
-    cfg = ContinuousShapesConfig(**TINY)
-    train_continuous_shapes(str(tmp_path / "straight"), str(tmp_path / "w1"), cfg, progress=False)
     import visualspec.training.continuous as train
 
     real, calls = train.caption_batch, {"n": 0}
