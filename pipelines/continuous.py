@@ -12,6 +12,7 @@ import torch
 
 from visualspec.core.engine import decode_continuous
 from visualspec.core.sampling import SamplingConfig, make_generator
+from visualspec.core.stats import merge_decode_stats
 from visualspec.drafters import ContinuousDraftModelDrafter
 
 from ..models.continuous_ar import ContinuousARTransformer
@@ -76,14 +77,16 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
     @torch.no_grad()
     def __call__(self, prompt=None, class_labels=None, *, decoding: str | None = None, gamma: int | None = None,
                  prefill: float | None = None, guidance_scale: float | None = None, temperature: float = 1.0,
-                 flatten: float = 1.0, num_images_per_prompt: int = 1, seed: int | None = None, generator=None,
-                 output_type: str = "pil", return_dict: bool = True):
+                 flatten: float = 1.0, num_images_per_prompt: int = 1, batch_size: int | None = None,
+                 seed: int | None = None, generator=None, output_type: str = "pil", return_dict: bool = True):
         """Generate images. ``decoding``: ``"ar"`` or ``"cspd"`` (default: cspd when the folder has
         a draft model); ``gamma`` drafts per step, ``prefill`` the share of tokens the target draws
         alone first, ``guidance_scale`` and the three default to the folder's; ``temperature``
         scales the head's noise; ``flatten`` > 1 is the released CSpD code's flattened ratio
         (lossy, for measuring); ``seed`` / ``generator`` (one, or one per image); ``output_type``
-        ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (tokens (B, N, D))."""
+        ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (tokens (B, N, D)). ``batch_size``: at most
+        this many images decode at once, the rest in later groups (a row's tokens depend only on
+        its condition and generator, so the grouping changes no image)."""
         decoding = decoding or ("cspd" if self.draft_model is not None else "ar")
         gamma = self.config.default_gamma if gamma is None else gamma
         prefill = self.config.default_prefill if prefill is None else prefill
@@ -91,20 +94,37 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
         self.check_inputs(decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
                           num_images_per_prompt)
         sampling = SamplingConfig(guidance_scale=guidance_scale)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         cond = self._conditions(prompt, class_labels, num_images_per_prompt)
-        target = self.transformer
-        drafter = None
-        if decoding == "cspd":
-            drafter = ContinuousDraftModelDrafter(self.draft_model, self._prefix(self.draft_model, cond, sampling))
-        tokens, stats = decode_continuous(target, self._prefix(target, cond, sampling), target.config.block_size,
-                                          drafter=drafter, gamma=gamma, guidance_scale=guidance_scale,
-                                          temperature=temperature, generator=make_generator(seed, generator),
-                                          prefill=prefill if drafter is not None else 0.0, flatten=flatten,
-                                          mode=decoding)
+        gen = make_generator(seed, generator)
+        rows = (cond[0] if isinstance(cond, tuple) else cond).shape[0]
+        if isinstance(gen, (list, tuple)) and len(gen) != rows:
+            raise ValueError(f"got {len(gen)} generators for a batch of {rows}")
+        size = rows if batch_size is None else batch_size
+        outputs = []
+        for start in range(0, rows, size):
+            ids = torch.arange(start, min(start + size, rows), device=self.device)
+            part = tuple(c[ids] for c in cond) if isinstance(cond, tuple) else cond[ids]
+            part_gen = gen[start:start + size] if isinstance(gen, (list, tuple)) else gen
+            outputs.append(self._decode(part, sampling, decoding, gamma, prefill, guidance_scale, temperature,
+                                        flatten, part_gen))
+        tokens = torch.cat([t for t, _ in outputs])
+        stats = merge_decode_stats([s for _, s in outputs])
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         if not return_dict:
             return images, stats
         return VisualSpecImageOutput(images=images, stats=stats)
+
+    def _decode(self, cond, sampling, decoding, gamma, prefill, guidance_scale, temperature, flatten, generator):
+        target, drafter = self.transformer, None
+        if decoding == "cspd":
+            drafter = ContinuousDraftModelDrafter(self.draft_model, self._prefix(self.draft_model, cond, sampling))
+        return decode_continuous(target, self._prefix(target, cond, sampling), target.config.block_size,
+                                 drafter=drafter, gamma=gamma, guidance_scale=guidance_scale, temperature=temperature,
+                                 generator=generator, prefill=prefill if drafter is not None else 0.0,
+                                 flatten=flatten, mode=decoding)
 
     def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
         """Raster-order tokens (B, N, D) -> images through the autoencoder."""

@@ -64,3 +64,29 @@ def test_the_command_line_generates_with_cspd(folder, tmp_path, capsys):
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--window", "4", "-o", str(out)]) == 2
     assert "--window is not an option of a continuous-token model" in capsys.readouterr().err
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--decoding", "sjd", "-o", str(out)]) == 2
+
+
+def test_the_batch_command_takes_a_text_model_and_grouping_changes_no_image(tmp_path):
+    from visualspec.assets import SHAPES_T2I
+    from visualspec.tools.cli import main
+
+    text = VisualSpecPipeline.from_pretrained(SHAPES_T2I)
+    torch.manual_seed(0)
+    kw = dict(token_dim=4, dim=32, n_layer=1, n_head=2, model_type="t2i", caption_dim=text.transformer.config.caption_dim,
+              cls_token_num=text.transformer.config.cls_token_num, block_size=16, head_depth=1, head_width=32,
+              num_sampling_steps=5)
+    pipe = ContinuousARPipeline(transformer=ContinuousARTransformer(**kw).eval(),
+                                vae=KLAutoencoder(embed_dim=4, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1).eval(),
+                                text_encoder=text.text_encoder, tokenizer=text.tokenizer,
+                                draft_model=ContinuousARTransformer(**{**kw, "dim": 32}).eval())
+    pipe.save_pretrained(tmp_path / "model")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a photo of a red circle\na photo of two blue squares\na photo of a green triangle\n")
+    for name, size in (("a", "2"), ("b", "8")):
+        assert main(["batch", "--prompts", str(prompts), "--out", str(tmp_path / name), "--model", str(tmp_path / "model"),
+                     "--images-per-prompt", "2", "--batch-size", size, "--gamma", "2", "--no-progress"]) == 0
+    a = sorted((tmp_path / "a").rglob("*.png"))
+    b = sorted((tmp_path / "b").rglob("*.png"))
+    assert len(a) == 6 and [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    assert main(["batch", "--prompts", str(prompts), "--out", str(tmp_path / "c"), "--model", str(tmp_path / "model"),
+                 "--top-k", "3", "--no-progress"]) == 2

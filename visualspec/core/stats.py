@@ -110,3 +110,20 @@ class DecodeStats:
         rgb = stops[lo] * (1 - t) + stops[lo + 1] * t
         img = Image.fromarray(rgb.round().astype(np.uint8), "RGB")
         return img.resize((width * scale, height * scale), Image.NEAREST)
+
+
+def merge_decode_stats(parts: list[DecodeStats]) -> DecodeStats:
+    """One DecodeStats for calls made one after another on consecutive groups of sequences."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    cat = lambda name: None if getattr(first, name) is None else torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+    return DecodeStats(
+        mode=first.mode, batch_size=sum(p.batch_size for p in parts), num_tokens=first.num_tokens,
+        target_forwards=sum(p.target_forwards for p in parts), draft_forwards=sum(p.draft_forwards for p in parts),
+        wall_time_s=sum(p.wall_time_s for p in parts),
+        accepted_lengths=[n for p in parts for n in p.accepted_lengths], fixed_at=cat("fixed_at"),
+        row_forwards=cat("row_forwards"), slots=max(p.slots or p.batch_size for p in parts),
+        residual_proposals=sum(p.residual_proposals for p in parts),
+        residual_fallbacks=sum(p.residual_fallbacks for p in parts))
+

@@ -137,8 +137,9 @@ def _continuous_kwargs(args, mar: bool) -> dict:
                "--epsilon-cutoff": args.epsilon_cutoff, "--window": None if args.window == "auto" else args.window,
                "--coupling": args.coupling, "--gsd-group-size": args.gsd_group_size,
                "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta}
-    refused.update({"--gamma": args.gamma, "--prefill": args.prefill} if mar else
-                   {"--num-iter": args.num_iter, "--cfg-schedule": args.cfg_schedule})
+    own_of = lambda name: getattr(args, name, None)  # noqa: E731 (batch has no MAR options)
+    refused.update({"--gamma": own_of("gamma"), "--prefill": own_of("prefill")} if mar else
+                   {"--num-iter": own_of("num_iter"), "--cfg-schedule": own_of("cfg_schedule")})
     given = [name for name, value in refused.items() if value is not None]
     own = "--num-iter, --guidance-scale, --cfg-schedule, --temperature" if mar else \
         "--decoding ar|cspd, --gamma, --prefill, --guidance-scale, --temperature"
@@ -152,7 +153,7 @@ def _continuous_kwargs(args, mar: bool) -> dict:
                          f"{args.decoding} is not built for it")
     kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature)
     names = ("num_iter", "cfg_schedule") if mar else ("decoding", "gamma", "prefill")
-    kw.update({name: getattr(args, name) for name in names if getattr(args, name) is not None})
+    kw.update({name: own_of(name) for name in names if own_of(name) is not None})
     return kw
 
 
@@ -273,10 +274,19 @@ def cmd_batch(args) -> int:
             pipe = load_pipeline(args.model, args.draft_model)
         check_prompts(pipe, [(f"{args.prompts}, line {number}", meta) for number, meta in lines])
         pipe.to(_device(args.device))
+        from ..pipelines import ContinuousARPipeline, MARPipeline
+
+        if isinstance(pipe, MARPipeline):
+            raise ValueError("batch reads text prompts; MAR is class-conditional (use generate --class-label)")
+        if isinstance(pipe, ContinuousARPipeline):  # continuous tokens: their own options
+            kwargs = _continuous_kwargs(args, mar=False)
+            decoding = kwargs.pop("decoding", None) or ("cspd" if pipe.draft_model is not None else "ar")
+        else:
+            kwargs, decoding = _decode_kwargs(args), args.decoding or "sjd"
         summary = generate_batch(pipe, prompts, args.out, images_per_prompt=args.images_per_prompt,
-                                 decoding=args.decoding, seed=args.seed, batch_size=args.batch_size,
+                                 decoding=decoding, seed=args.seed, batch_size=args.batch_size,
                                  chunk_size=args.chunk_size, rank=rank,
-                                 world_size=world_size, progress=not args.no_progress, **_decode_kwargs(args))
+                                 world_size=world_size, progress=not args.no_progress, **kwargs)
         summaries = gather_summaries(summary)  # every rank's, when torchrun / accelerate started the ranks
         if len(summaries) == 1:
             print(json.dumps(summary))
@@ -594,7 +604,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt file: .jsonl (GenEval metadata, one object per line) or text (one prompt per line)")
     bt.add_argument("--out", required=True, metavar="DIR", help="output folder (DIR/00000/samples/0000.png ...)")
     bt.add_argument("--images-per-prompt", type=int, default=4)
-    bt.add_argument("--decoding", default="sjd", choices=MODES)
+    bt.add_argument("--decoding", default=None, choices=MODES + ("cspd",),
+                    help="default: sjd (token models), cspd (continuous-token models with a draft)")
+    bt.add_argument("--gamma", type=int, default=None, help="continuous tokens: drafts per step")
+    bt.add_argument("--prefill", type=float, default=None,
+                    help="continuous tokens: share of tokens the target draws alone first")
     bt.add_argument("--batch-size", type=int, default=16,
                     help="images decoding at once; a finished image's place goes to the next (continuous batching)")
     bt.add_argument("--chunk-size", type=int, default=None,
