@@ -30,7 +30,8 @@ import math
 import torch
 from torch import nn
 
-from visualspec.core.continuous import Gaussian
+from visualspec.core.continuous import Gaussian, head_noise
+from visualspec.core.sampling import normal
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -205,11 +206,7 @@ class DiffusionHead(nn.Module):
     def noise(self, rows: int, generator=None, device=None) -> dict:
         """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).
         A draft and a target head given the same dict follow aligned trajectories."""
-        from visualspec.core.sampling import normal
-
-        steps = len(self.schedule)
-        draws = normal((rows, steps + 1, self.channels), generator, device)
-        return {"x_T": draws[:, 0], "eps": draws[:, 1:].transpose(0, 1)}
+        return head_noise(normal((rows, len(self.schedule) + 1, self.channels), generator, device))
 
     @torch.no_grad()
     def sample(self, z: torch.Tensor, noise: dict, temperature: float = 1.0, guidance: float = 1.0,

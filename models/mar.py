@@ -26,6 +26,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from visualspec.core.continuous import head_noise
 from visualspec.core.sampling import normal
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
@@ -206,7 +207,7 @@ class MAR(ModelMixin, ConfigMixin):
             scale = 1 + (cfg - 1) * (self.seq_len - left) / self.seq_len if cfg_schedule == "linear" else cfg
             count = unknown - left
             draws = normal((B, count, steps + 1, self.token_dim), generator, self.device)
-            noise = {"x_T": draws[:, :, 0].flatten(0, 1), "eps": draws[:, :, 1:].flatten(0, 1).transpose(0, 1)}
+            noise = head_noise(draws.flatten(0, 1))
             zs = z[torch.cat([now, now])] if guided else z[now]
             drawn, _ = self.diffloss.sample(zs, noise, temperature=temperature, guidance=scale if guided else 1.0,
                                             last_step_noise=last_step_noise)

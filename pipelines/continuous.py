@@ -18,19 +18,9 @@ from visualspec.drafters import ContinuousDraftModelDrafter
 from ..models.continuous_ar import ContinuousARTransformer
 from ..models.kl_vae import KLAutoencoder
 from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import OUTPUT_TYPES, PromptConditioning, VisualSpecImageOutput
+from .llamagen import OUTPUT_TYPES, PromptConditioning, VisualSpecImageOutput, check_draft_compatible
 
 CONTINUOUS_DECODING = ("ar", "cspd")
-
-
-def check_continuous_draft(target: ContinuousARTransformer, draft: ContinuousARTransformer) -> None:
-    """A CSpD draft must draw tokens of the target's dimension over the same grid and condition."""
-    fields = ["token_dim", "model_type", "block_size"]
-    fields += ["cls_token_num", "caption_dim"] if target.config.model_type == "t2i" else ["num_classes"]
-    for name in fields:
-        if getattr(draft.config, name) != getattr(target.config, name):
-            raise ValueError(f"the draft model's {name} ({getattr(draft.config, name)}) differs from the target's "
-                             f"({getattr(target.config, name)})")
 
 
 @register_pipeline
@@ -58,7 +48,7 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
         if decoding == "cspd":
             if self.draft_model is None:
                 raise ValueError("decoding='cspd' needs a draft_model (a smaller continuous-token model)")
-            check_continuous_draft(self.transformer, self.draft_model)
+            check_draft_compatible(self.transformer, self.draft_model, token_field="token_dim")
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma (drafts per step) must be an integer >= 1, got {gamma!r}")
         if not 0.0 <= prefill < 1.0:

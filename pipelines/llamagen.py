@@ -34,9 +34,10 @@ class VisualSpecImageOutput(BaseOutput):
     stats: DecodeStats
 
 
-def check_draft_compatible(target: LlamaGenGPT, draft: LlamaGenGPT) -> None:
-    """A draft model must share the target's vocabulary and take the same condition."""
-    fields = ["vocab_size", "model_type", "block_size"]
+def check_draft_compatible(target, draft, token_field: str = "vocab_size") -> None:
+    """A draft model must make the target's tokens (its ``token_field``: the vocabulary, or a
+    continuous token's dimension) over the same grid, and take the same condition."""
+    fields = [token_field, "model_type", "block_size"]
     fields += ["cls_token_num", "caption_dim"] if target.config.model_type == "t2i" else ["num_classes"]
     for name in fields:
         if getattr(draft.config, name) != getattr(target.config, name):

@@ -86,6 +86,12 @@ class Gaussian:
         return self.mean + self.std * normal(self.mean.shape, generator, self.mean.device, self.mean.dtype)
 
 
+def head_noise(draws: torch.Tensor) -> dict:
+    """Standard normal draws (N, steps + 1, D), one row per token -> the noise a diffusion head's
+    sampler reads: ``{"x_T": (N, D), "eps": (steps, N, D)}`` (the start, then one eps per step)."""
+    return {"x_T": draws[:, 0], "eps": draws[:, 1:].transpose(0, 1)}
+
+
 @dataclass
 class ContinuousVerdict:
     num_accepted: torch.Tensor  # (B,) long, in 0..K

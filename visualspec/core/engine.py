@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .continuous import Gaussian, continuous_verify
+from .continuous import Gaussian, continuous_verify, head_noise
 from .sampling import Generator, SamplingConfig, normal
 from .stats import DecodeStats
 from .verify import Verdict, greedy_verify, speculative_verify
@@ -485,7 +485,7 @@ class PositionNoise:
         """Noise for the positions (B, L) of rows 0..B-1, flattened to B*L tokens in row order."""
         b = torch.arange(positions.shape[0], device=positions.device)[:, None]
         d = self.draws[b, positions.clamp(max=self.draws.shape[1] - 1)].flatten(0, 1)  # (B L, steps + 1, D)
-        return {"x_T": d[:, 0], "eps": d[:, 1:].transpose(0, 1)}
+        return head_noise(d)
 
 
 def head_rows(z: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
