@@ -26,8 +26,9 @@ from .llamagen import LlamaGenGPT
 
 class ContinuousARTransformer(ModelMixin, ConfigMixin):
     """Raster-order continuous-token AR model: ``backbone`` (LlamaGen's transformer) and
-    ``diffloss`` (MAR's head). ``token_dim`` is D; ``head_depth``, ``head_width`` and
-    ``num_sampling_steps`` are the head's."""
+    ``diffloss`` (MAR's head). ``token_dim`` is D; ``head_depth``, ``head_width``,
+    ``num_sampling_steps`` and ``prediction_type`` (``"epsilon"`` as MAR, or ``"v_prediction"``)
+    are the head's."""
 
     @register_to_config
     def __init__(
@@ -49,6 +50,7 @@ class ContinuousARTransformer(ModelMixin, ConfigMixin):
         head_depth: int = 3,
         head_width: int = 256,
         num_sampling_steps: int = 100,
+        prediction_type: str = "epsilon",
     ):
         super().__init__()
         self.backbone = LlamaGenGPT(
@@ -58,7 +60,7 @@ class ContinuousARTransformer(ModelMixin, ConfigMixin):
             prefix_rope=prefix_rope, caption_positions=caption_positions)
         self.backbone.tok_embeddings = nn.Linear(token_dim, dim)  # continuous tokens in
         self.backbone.output = nn.Identity()  # z out: the head turns it into a token
-        self.diffloss = DiffusionHead(token_dim, dim, head_depth, head_width, num_sampling_steps)
+        self.diffloss = DiffusionHead(token_dim, dim, head_depth, head_width, num_sampling_steps, prediction_type)
 
     @property
     def token_dim(self) -> int:

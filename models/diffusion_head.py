@@ -15,6 +15,14 @@ transformer. This module holds the head's network, with the official parameter n
   head and a target head can share them (CSpD's trajectory alignment,
   :mod:`visualspec.core.continuous`).
 
+What the network predicts (``prediction_type``): MAR's ``"epsilon"`` (the noise), or
+``"v_prediction"``, ``v = sqrt(abar) eps - sqrt(1 - abar) x_0`` (Salimans and Ho 2022), which the
+sampler turns back into ``eps = sqrt(1 - abar) x_t + sqrt(abar) v``. The cosine schedule ends at
+abar = 2.4e-9, where the sampler's first step multiplies an eps error by
+``sqrt(abar_prev / abar)`` (about 640 at 50 steps): a small head trained briefly predicts eps to
+about 0.02 there and its samples explode, while a v head's error passes through unamplified.
+Guidance is linear in either output for the same x_t, so it is applied to what the network predicts.
+
 One difference from MAR, on purpose: MAR's last step adds no noise, so its token is the point
 mu(x_1) and has no density. Here the last step keeps the variance the head predicts for it (the
 clipped posterior variance is positive), so every token has the Gaussian density CSpD's exact rule
@@ -24,6 +32,7 @@ gives MAR's sampler exactly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -173,6 +182,14 @@ class DiffusionSchedule:
         return self.c0[i] * x0 + self.ct[i] * x, log_var
 
 
+PREDICTION_TYPES = ("epsilon", "v_prediction")
+
+
+@functools.lru_cache(maxsize=16)
+def _schedule(num_steps: int) -> DiffusionSchedule:
+    return DiffusionSchedule(num_steps)
+
+
 @functools.lru_cache(maxsize=4)
 def _training_alpha_bar(num_timesteps: int = 1000) -> torch.Tensor:
     """alpha_bar of every training step (the cosine schedule, unspaced)."""
@@ -186,22 +203,39 @@ class DiffusionHead(nn.Module):
     transformer's width, ``depth`` and ``width`` the MLP's.
     """
 
-    def __init__(self, channels: int, z_channels: int, depth: int, width: int, num_sampling_steps: int = 100):
+    def __init__(self, channels: int, z_channels: int, depth: int, width: int, num_sampling_steps: int = 100,
+                 prediction_type: str = "epsilon"):
         super().__init__()
+        if prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
         self.channels = channels
+        self.prediction_type = prediction_type
         self.net = AdaLNMLP(channels, width, z_channels, depth)
         self.schedule = DiffusionSchedule(num_sampling_steps)
 
     def loss(self, x0: torch.Tensor, z: torch.Tensor, generator=None) -> torch.Tensor:
         """The training loss for tokens x0 (N, D) under conditions z (N, z_dim): the mean squared
-        error of the predicted noise at a random one of the 1,000 training steps (MAR's simple
-        loss; the variance outputs are not trained here and stay at the middle of their range)."""
+        error of the prediction (eps, or v) at a random one of the 1,000 training steps (MAR's
+        simple loss; the variance outputs are not trained here and stay at the middle of their range)."""
         abar = _training_alpha_bar().to(x0.device)
         t = torch.randint(0, len(abar), (x0.shape[0],), generator=generator, device=x0.device)
         eps = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
         a = abar[t][:, None].to(x0.dtype)
         out = self.net(a.sqrt() * x0 + (1 - a).sqrt() * eps, t, z)
-        return (out[:, :self.channels] - eps).pow(2).mean()
+        target = eps if self.prediction_type == "epsilon" else a.sqrt() * eps - (1 - a).sqrt() * x0
+        return (out[:, :self.channels] - target).pow(2).mean()
+
+    @contextlib.contextmanager
+    def sampling_steps(self, num_steps: int | None):
+        """Sample with ``num_steps`` respaced steps inside the ``with`` block (None: the head's own);
+        the same trained network, as MAR's ``--num_sampling_steps``."""
+        saved = self.schedule
+        if num_steps is not None and num_steps != len(saved):
+            self.schedule = _schedule(num_steps)
+        try:
+            yield self
+        finally:
+            self.schedule = saved
 
     def noise(self, rows: int, generator=None, device=None) -> dict:
         """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).
@@ -228,6 +262,10 @@ class DiffusionHead(nn.Module):
                 cond, uncond = out[:n], out[n:]
                 out = torch.cat([uncond[:, :self.channels] + guidance * (cond[:, :self.channels] - uncond[:, :self.channels]),
                                  cond[:, self.channels:]], dim=1)
+            if self.prediction_type == "v_prediction":  # eps = sqrt(1 - abar) x_t + sqrt(abar) v
+                a = sched.abar[i]
+                eps = (1 - a).sqrt() * x.double() + a.sqrt() * out[:, :self.channels].double()
+                out = torch.cat([eps.to(out.dtype), out[:, self.channels:]], dim=1)
             mean, log_var = sched.step(out, x, i)
             std = (0.5 * log_var).exp() * temperature
             if i == 0:

@@ -8,6 +8,8 @@ them by CSpD's density-ratio rule (:func:`visualspec.core.engine.decode_continuo
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from visualspec.core.engine import decode_continuous
@@ -42,7 +44,7 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
                                 default_prefill=default_prefill)
 
     def check_inputs(self, decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
-                     num_images_per_prompt) -> None:
+                     num_images_per_prompt, num_steps=None) -> None:
         if decoding not in CONTINUOUS_DECODING:
             raise ValueError(f"decoding must be one of {CONTINUOUS_DECODING} for continuous tokens, got {decoding!r}")
         if decoding == "cspd":
@@ -53,6 +55,10 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
             raise ValueError(f"gamma (drafts per step) must be an integer >= 1, got {gamma!r}")
         if not 0.0 <= prefill < 1.0:
             raise ValueError(f"the pre-fill fraction must lie in [0, 1), got {prefill!r}")
+        if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int)
+                                      or not 1 <= num_steps <= 1000):
+            raise ValueError(f"num_steps (the diffusion head's sampling steps) must be an integer in [1, 1000], "
+                             f"got {num_steps!r}")
         if not guidance_scale >= 1.0:
             raise ValueError(f"guidance_scale must be >= 1 (1 = no guidance), got {guidance_scale}")
         if not temperature > 0:
@@ -66,12 +72,14 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
 
     @torch.no_grad()
     def __call__(self, prompt=None, class_labels=None, *, decoding: str | None = None, gamma: int | None = None,
-                 prefill: float | None = None, guidance_scale: float | None = None, temperature: float = 1.0,
-                 flatten: float = 1.0, num_images_per_prompt: int = 1, batch_size: int | None = None,
-                 seed: int | None = None, generator=None, output_type: str = "pil", return_dict: bool = True):
+                 prefill: float | None = None, num_steps: int | None = None, guidance_scale: float | None = None,
+                 temperature: float = 1.0, flatten: float = 1.0, num_images_per_prompt: int = 1,
+                 batch_size: int | None = None, seed: int | None = None, generator=None, output_type: str = "pil",
+                 return_dict: bool = True):
         """Generate images. ``decoding``: ``"ar"`` or ``"cspd"`` (default: cspd when the folder has
         a draft model); ``gamma`` drafts per step, ``prefill`` the share of tokens the target draws
-        alone first, ``guidance_scale`` and the three default to the folder's; ``temperature``
+        alone first, ``guidance_scale`` and the three default to the folder's; ``num_steps`` the
+        diffusion heads' sampling steps per token (default: the models' own); ``temperature``
         scales the head's noise; ``flatten`` > 1 is the released CSpD code's flattened ratio
         (lossy, for measuring); ``seed`` / ``generator`` (one, or one per image); ``output_type``
         ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (tokens (B, N, D)). ``batch_size``: at most
@@ -82,7 +90,7 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
         prefill = self.config.default_prefill if prefill is None else prefill
         guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
         self.check_inputs(decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
-                          num_images_per_prompt)
+                          num_images_per_prompt, num_steps)
         sampling = SamplingConfig(guidance_scale=guidance_scale)
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
@@ -94,12 +102,17 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
             raise ValueError(f"got {len(gen)} generators for a batch of {rows}")
         size = rows if batch_size is None else batch_size
         outputs = []
-        for start in range(0, rows, size):
-            ids = torch.arange(start, min(start + size, rows), device=self.device)
-            part = tuple(c[ids] for c in cond) if isinstance(cond, tuple) else cond[ids]
-            part_gen = gen[start:start + size] if isinstance(gen, (list, tuple)) else gen
-            outputs.append(self._decode(part, sampling, decoding, gamma, prefill, guidance_scale, temperature,
-                                        flatten, part_gen))
+        heads = contextlib.ExitStack()
+        for model in (self.transformer, self.draft_model if decoding == "cspd" else None):
+            if model is not None:  # draft and target share each position's noise, so they take the same steps
+                heads.enter_context(model.diffloss.sampling_steps(num_steps))
+        with heads:
+            for start in range(0, rows, size):
+                ids = torch.arange(start, min(start + size, rows), device=self.device)
+                part = tuple(c[ids] for c in cond) if isinstance(cond, tuple) else cond[ids]
+                part_gen = gen[start:start + size] if isinstance(gen, (list, tuple)) else gen
+                outputs.append(self._decode(part, sampling, decoding, gamma, prefill, guidance_scale, temperature,
+                                            flatten, part_gen))
         tokens = torch.cat([t for t, _ in outputs])
         stats = merge_decode_stats([s for _, s in outputs])
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
@@ -116,6 +129,7 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
                                  generator=generator, prefill=prefill if drafter is not None else 0.0,
                                  flatten=flatten, mode=decoding)
 
+    @torch.no_grad()
     def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
         """Raster-order tokens (B, N, D) -> images through the autoencoder."""
         g = self.transformer.grid_size

@@ -45,6 +45,23 @@ def check_draft_compatible(target, draft, token_field: str = "vocab_size") -> No
                              f"target's ({getattr(target.config, name)})")
 
 
+def class_label_list(given, num_classes: int, model: str = "this model") -> list[int]:
+    """The class labels of a call (an int, a list or a tensor) as a list of ints, or a ValueError
+    naming the problem: a prompt given to a class model, an empty list, a label that is not an
+    integer in [0, num_classes)."""
+    if isinstance(given, torch.Tensor):
+        given = given.tolist()
+    items = list(given) if isinstance(given, (list, tuple)) else [given]
+    if any(isinstance(x, str) for x in items):
+        raise ValueError(f"{model} is class-conditional: pass class labels (ints), not a prompt")
+    if not items:
+        raise ValueError("the class label list is empty")
+    bad = [x for x in items if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= x < num_classes]
+    if bad:
+        raise ValueError(f"class labels must be integers in [0, {num_classes}), got {bad}")
+    return [int(x) for x in items]
+
+
 class PromptConditioning:
     """The conditions of an image pipeline whose ``transformer`` is LlamaGen-shaped (its config has
     ``model_type``, ``num_classes``, ``cls_token_num``, ``caption_dim``; it has ``null_condition``):
@@ -79,18 +96,10 @@ class PromptConditioning:
         empty = [i for i, x in enumerate(items) if isinstance(x, str) and not x.strip()]
         if empty:
             raise ValueError(f"prompts[{empty[0]}] is empty; give each image a prompt")
-        is_label = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items)
         if self.is_text_conditional and not is_text:
             raise ValueError("this model is text-conditional: pass a prompt string or a list of strings")
         if not self.is_text_conditional:
-            if is_text:
-                raise ValueError("this model is class-conditional: pass class labels (ints), not a prompt")
-            if not is_label:
-                raise ValueError(f"class labels must be integers, got {items!r}")
-            n = self.transformer.config.num_classes
-            bad = [x for x in items if not 0 <= x < n]
-            if bad:
-                raise ValueError(f"class labels must be in [0, {n}), got {bad}")
+            return class_label_list(items, self.transformer.config.num_classes)
         return list(items)
 
     def check_prompt(self, prompt) -> None:

@@ -6,7 +6,6 @@ masked order is not built yet: ``decoding="ar"`` (MAR's own sampler) is the only
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from visualspec.core.sampling import make_generator
@@ -15,7 +14,7 @@ from visualspec.core.stats import DecodeStats
 from ..models.kl_vae import KLAutoencoder
 from ..models.mar import MAR
 from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput
+from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput, class_label_list
 
 # MAR's README evaluation guidance per size; its demos use 64 steps
 DEFAULT_GUIDANCE = {"mar_base": 2.9, "mar_large": 3.0, "mar_huge": 3.2}
@@ -48,17 +47,7 @@ class MARPipeline(VisualSpecPipeline):
         if decoding != "ar":
             raise ValueError(f"MAR decodes with decoding='ar' (its own masked sampler); {decoding!r} is not built "
                              f"for MAR yet")
-        if isinstance(class_labels, str) or (isinstance(class_labels, (list, tuple)) and
-                                             any(isinstance(x, str) for x in class_labels)):
-            raise ValueError("MAR is class-conditional: pass class labels (ints), not a prompt")
-        items = class_labels.tolist() if isinstance(class_labels, torch.Tensor) else class_labels
-        items = list(items) if isinstance(items, (list, tuple)) else [items]
-        if not items:
-            raise ValueError("the class label list is empty")
-        n = self.transformer.config.class_num
-        bad = [x for x in items if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= x < n]
-        if bad:
-            raise ValueError(f"class labels must be integers in [0, {n}), got {bad}")
+        labels = class_label_list(class_labels, self.transformer.config.class_num, model="MAR")
         seq_len = self.transformer.seq_len
         if not isinstance(num_iter, int) or not 1 <= num_iter <= seq_len:
             raise ValueError(f"num_iter must be an integer in [1, {seq_len}], got {num_iter!r}")
@@ -72,7 +61,7 @@ class MARPipeline(VisualSpecPipeline):
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
-        return [int(x) for x in items]
+        return labels
 
     @torch.no_grad()
     def __call__(self, class_labels=None, *, decoding: str = "ar", num_iter: int | None = None,

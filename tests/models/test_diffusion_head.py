@@ -89,3 +89,60 @@ def test_guidance_with_equal_conditions_changes_nothing():
     assert torch.allclose(plain, guided, atol=1e-5)
     other, _ = head.sample(torch.cat([z, torch.randn(3, 24)]), noise, guidance=4.0)
     assert not torch.allclose(plain, other, atol=1e-3)
+
+
+class _BayesNet(torch.nn.Module):
+    """The exact denoiser for tokens x0 ~ N(mu, s^2) per channel: E[eps | x_t] or E[v | x_t] at the
+    training step t (the variance outputs stay 0, the middle of their range, as a head trained
+    without them)."""
+
+    def __init__(self, mu, s, predict):
+        super().__init__()
+        self.mu, self.s, self.predict = mu, s, predict
+
+    def forward(self, x, t, z):
+        from visualspec.models.diffusion_head import _training_alpha_bar
+
+        abar = _training_alpha_bar()[t].to(x.dtype)[:, None]
+        a, b = abar.sqrt(), (1 - abar).sqrt()
+        var = a ** 2 * self.s ** 2 + b ** 2  # x_t = a x0 + b eps has variance a^2 s^2 + b^2 about a mu
+        eps = b * (x - a * self.mu) / var
+        x0 = self.mu + a * self.s ** 2 * (x - a * self.mu) / var
+        out = eps if self.predict == "epsilon" else a * eps - b * x0
+        return torch.cat([out, torch.zeros_like(out)], 1)
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
+def test_a_bayes_optimal_head_samples_the_data_law(prediction_type):
+    """With the exact denoiser for Gaussian tokens, 50 sampling steps reproduce their mean and
+    standard deviation (4,000 draws: the mean's standard error is s / 63, tolerance 0.08 s; the
+    std's about 1.1 %, tolerance 8 %); the control reads the same network with the other prediction
+    type and misses."""
+    mu, s = torch.tensor([0.5, -1.0, 2.0, 0.0]), torch.tensor([0.3, 1.0, 0.5, 1.5])
+    n = 4000
+    head = DiffusionHead(4, 24, 1, 16, num_sampling_steps=50, prediction_type=prediction_type)
+    head.net = _BayesNet(mu, s, prediction_type)
+    tokens, _ = head.sample(torch.zeros(n, 24), head.noise(n, torch.Generator().manual_seed(0)))
+    assert torch.all((tokens.mean(0) - mu).abs() < 0.08 * s), tokens.mean(0)
+    assert torch.all((tokens.std(0) / s - 1).abs() < 0.08), tokens.std(0)
+    other = "epsilon" if prediction_type == "v_prediction" else "v_prediction"
+    wrong = DiffusionHead(4, 24, 1, 16, num_sampling_steps=50, prediction_type=other)
+    wrong.net = head.net
+    bad, _ = wrong.sample(torch.zeros(n, 24), head.noise(n, torch.Generator().manual_seed(0)))
+    assert not torch.all((bad.mean(0) - mu).abs() < 0.08 * s) or not torch.all((bad.std(0) / s - 1).abs() < 0.08)
+
+
+def test_the_loss_target_matches_the_prediction_type():
+    mu, s = torch.tensor([0.5, -1.0, 2.0, 0.0]), torch.tensor([0.3, 1.0, 0.5, 1.5])
+    x0 = mu + s * torch.randn(20000, 4, generator=torch.Generator().manual_seed(1))
+    losses = {}
+    for kind in ("epsilon", "v_prediction"):
+        for net in ("epsilon", "v_prediction"):
+            head = DiffusionHead(4, 24, 1, 16, prediction_type=kind)
+            head.net = _BayesNet(mu, s, net)
+            losses[kind, net] = head.loss(x0, torch.zeros(len(x0), 24), torch.Generator().manual_seed(2)).item()
+    # each loss is smallest for the network that predicts what the head's type says (the Bayes risk)
+    assert losses["epsilon", "epsilon"] < 0.5 * losses["epsilon", "v_prediction"]
+    assert losses["v_prediction", "v_prediction"] < 0.5 * losses["v_prediction", "epsilon"]
+    with pytest.raises(ValueError, match="prediction_type must be one of"):
+        DiffusionHead(4, 24, 1, 16, prediction_type="sample")

@@ -37,11 +37,29 @@ def test_the_folder_loads_and_generates_by_ar_and_cspd(folder):
     assert torch.equal(sp.images, again)
 
 
+def test_num_steps_sets_both_heads_steps_for_the_call_only(folder):
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    calls = []
+    for model in (pipe.transformer, pipe.draft_model):
+        model.diffloss.net.register_forward_hook(lambda m, i, o, name=model: calls.append(name))
+    pipe([1], decoding="ar", seed=0, output_type="latent")
+    assert len(calls) == 16 * 5  # the folder's 5 steps for each of 16 tokens
+    calls.clear()
+    fewer = pipe([1], decoding="ar", seed=0, num_steps=2, output_type="latent").images
+    assert len(calls) == 16 * 2 and len(pipe.transformer.diffloss.schedule) == 5  # restored after the call
+    assert not torch.equal(fewer, pipe([1], decoding="ar", seed=0, output_type="latent").images)
+    calls.clear()
+    sp = pipe([1], decoding="cspd", seed=0, num_steps=3, gamma=2, output_type="latent")
+    assert sp.images.shape == (1, 16, 4) and len(pipe.draft_model.diffloss.schedule) == 5
+    assert pipe.draft_model in calls and pipe.transformer in calls
+
+
 def test_bad_input_names_the_problem(folder):
     pipe = VisualSpecPipeline.from_pretrained(folder)
     for kwargs, message in [(dict(decoding="sjd"), "continuous tokens"), (dict(gamma=0), "gamma"),
                             (dict(prefill=1.0), "pre-fill fraction"), (dict(guidance_scale=0.5), "guidance_scale"),
-                            (dict(flatten=0.5), "flatten"), (dict(output_type="gif"), "output_type")]:
+                            (dict(flatten=0.5), "flatten"), (dict(output_type="gif"), "output_type"),
+                            (dict(num_steps=0), "num_steps"), (dict(num_steps=2.5), "num_steps")]:
         with pytest.raises(ValueError, match=message):
             pipe([1], **kwargs)
     with pytest.raises(ValueError, match="class-conditional"):
@@ -59,7 +77,7 @@ def test_the_command_line_generates_with_cspd(folder, tmp_path, capsys):
 
     out, amap = tmp_path / "c.png", tmp_path / "map.png"
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--gamma", "2", "--prefill", "0.25",
-                 "-o", str(out), "--stats", "--acceptance-map", str(amap)]) == 0
+                 "--num-steps", "3", "-o", str(out), "--stats", "--acceptance-map", str(amap)]) == 0
     assert out.is_file() and amap.is_file() and "cspd:" in capsys.readouterr().out
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--window", "4", "-o", str(out)]) == 2
     assert "--window is not an option of a continuous-token model" in capsys.readouterr().err
@@ -90,3 +108,28 @@ def test_the_batch_command_takes_a_text_model_and_grouping_changes_no_image(tmp_
     assert len(a) == 6 and [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
     assert main(["batch", "--prompts", str(prompts), "--out", str(tmp_path / "c"), "--model", str(tmp_path / "model"),
                  "--top-k", "3", "--no-progress"]) == 2
+
+
+def test_the_benchmark_compares_ar_cspd_and_fewer_steps_side_by_side(folder, tmp_path, capsys):
+    from visualspec.tools.bench import mode_kwargs
+    from visualspec.tools.cli import main
+
+    assert mode_kwargs("ar@25", continuous=True) == dict(decoding="ar", num_steps=25)
+    assert mode_kwargs("cspd+flat", continuous=True) == dict(decoding="cspd", flatten=42.0)
+    with pytest.raises(ValueError, match="unknown benchmark mode 'sjd'"):
+        mode_kwargs("sjd", continuous=True)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(folder), "--modes", "ar,cspd,cspd+flat,ar@2", "--images", "2",
+                 "--batch-sizes", "1", "2", "--gamma", "3", "--json", str(out)]) == 0
+    import json
+
+    for result in json.loads(out.read_text()):
+        r = result["results"]
+        assert set(r) == {"ar", "cspd", "cspd+flat", "ar@2"}
+        assert r["ar"]["target_forwards_per_image"] == 16 and "draft_acceptance" not in r["ar"]
+        for mode in ("cspd", "cspd+flat"):
+            assert 0 <= r[mode]["draft_acceptance"] <= 1 and r[mode]["draft_forwards_per_image"] > 0
+            # each step keeps the accepted drafts and one token more
+            assert r[mode]["target_forwards_per_image"] < 16 or r[mode]["draft_acceptance"] == 0
+    assert main(["bench", "--model", str(folder), "--modes", "ar,lantern", "--images", "1"]) == 2
+    assert "unknown benchmark mode 'lantern'" in capsys.readouterr().err

@@ -122,7 +122,7 @@ def test_bad_conditions_get_clear_errors(pipe):
     c2i = tiny_c2i_pipeline()
     with pytest.raises(ValueError, match="class-conditional"):
         c2i("a photo of a cat")
-    with pytest.raises(ValueError, match=r"class labels must be in \[0, 5\)"):
+    with pytest.raises(ValueError, match=r"class labels must be integers in \[0, 5\)"):
         c2i([7])
 
 

@@ -235,3 +235,21 @@ def test_loss_weights_favour_moving_cells_and_can_drop_clean_context():
     assert torch.all(w[0, 0] == 0)  # context frame: no loss
     for frame in (1, 2):
         assert w[0, frame, 0, 2, 3] == 5 and w[0, frame].sum() == 5 + 15  # the changed cell weighs 1 + 4
+
+
+def test_ball_cells_mark_the_cells_the_ball_covers_and_weigh_them():
+    from visualspec.training.arena import ArenaTrainingConfig, ball_cells, loss_weights
+    from visualspec.worlds import arena
+
+    state = arena.ArenaState(player=(0, 0), ball=(30, 14), velocity=(1, 1))  # 4x4 px over cells x 3..4, y 1..2
+    cells = ball_cells(arena.render(state))
+    assert cells.shape == (8, 8) and sorted(map(tuple, cells.nonzero().tolist())) == [(1, 3), (1, 4), (2, 3), (2, 4)]
+    state = arena.ArenaState(player=(0, 0), ball=(32, 16), velocity=(1, 1))  # inside one cell
+    assert ball_cells(arena.render(state)).nonzero().tolist() == [[2, 4]]
+
+    x0, taus = torch.zeros(1, 2, 2, 8, 8), torch.tensor([[0.5, 0.5]])
+    ball = torch.zeros(1, 2, 8, 8, dtype=torch.bool)
+    ball[0, 1, 2, 4] = True
+    w = loss_weights(x0, taus, ArenaTrainingConfig(ball_weight=8.0), ball)
+    assert w[0, 1, 0, 2, 4] == 9 and w.sum() == 2 * 64 + 8
+    assert torch.equal(loss_weights(x0, taus, ArenaTrainingConfig(), ball), torch.ones_like(w))  # default: off

@@ -571,6 +571,8 @@ def decode_continuous(
                                     flatten=flatten)
         stats.residual_proposals += int(verdict.proposals[live].sum())
         stats.residual_fallbacks += int(verdict.fallbacks[live].sum())
+        stats.drafts_proposed += k * int(live.sum())
+        stats.drafts_accepted += int(verdict.num_accepted[live].sum())
         candidates = torch.cat([drafts, verdict.next_tokens[:, None]], 1)
         candidates.scatter_(1, verdict.num_accepted[:, None, None].expand(B, 1, D), verdict.next_tokens[:, None])
         counts = rows.commit(candidates, verdict.num_accepted)

@@ -36,6 +36,13 @@ class DecodeStats:
     slots: int | None = None
     residual_proposals: int = 0  # continuous tokens: proposals the residual sampler drew
     residual_fallbacks: int = 0  # continuous tokens: residuals that ran out of proposals (a draw from p)
+    drafts_proposed: int = 0  # continuous tokens: drafts the target scored (rows still decoding)
+    drafts_accepted: int = 0  # continuous tokens: of those, the drafts kept
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """Share of scored drafts that were kept (continuous tokens; None where nothing was drafted)."""
+        return self.drafts_accepted / self.drafts_proposed if self.drafts_proposed else None
 
     @property
     def steps(self) -> int:
@@ -125,5 +132,6 @@ def merge_decode_stats(parts: list[DecodeStats]) -> DecodeStats:
         accepted_lengths=[n for p in parts for n in p.accepted_lengths], fixed_at=cat("fixed_at"),
         row_forwards=cat("row_forwards"), slots=max(p.slots or p.batch_size for p in parts),
         residual_proposals=sum(p.residual_proposals for p in parts),
-        residual_fallbacks=sum(p.residual_fallbacks for p in parts))
+        residual_fallbacks=sum(p.residual_fallbacks for p in parts),
+        drafts_proposed=sum(p.drafts_proposed for p in parts), drafts_accepted=sum(p.drafts_accepted for p in parts))
 

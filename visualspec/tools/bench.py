@@ -36,8 +36,23 @@ MODES = {
 }
 
 
-def mode_kwargs(mode: str) -> dict:
-    """Pipeline arguments of a benchmark mode: a decoding, optionally ``+coupling``."""
+CONTINUOUS_MODES = {  # continuous-token models
+    "ar": dict(decoding="ar"),
+    "cspd": dict(decoding="cspd"),
+    "cspd+flat": dict(decoding="cspd", flatten=42.0),  # the released CSpD code's flattened ratio (lossy)
+}
+
+
+def mode_kwargs(mode: str, continuous: bool = False) -> dict:
+    """Pipeline arguments of a benchmark mode. Token models: a decoding, optionally ``+coupling``.
+    Continuous-token models: ``ar``, ``cspd`` or ``cspd+flat``, each optionally ``@N`` for N
+    diffusion-head steps per token (``ar@25``: the fewer-steps baseline)."""
+    if continuous:
+        name, _, steps = mode.partition("@")
+        if name in CONTINUOUS_MODES and (not steps or steps.isdigit()):
+            return {**CONTINUOUS_MODES[name], **({"num_steps": int(steps)} if steps else {})}
+        raise ValueError(f"unknown benchmark mode {mode!r} for a continuous-token model; choose from "
+                         f"{sorted(CONTINUOUS_MODES)}, each optionally @STEPS")
     if mode in MODES:
         return dict(MODES[mode])
     decoding, _, extra = mode.partition("+")
@@ -61,7 +76,8 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
     """
     if "ar" not in modes:
         modes = ("ar", *modes)
-    settings = {m: {**mode_kwargs(m), **kwargs} for m in modes}
+    continuous = hasattr(pipe.transformer, "diffloss")
+    settings = {m: {**mode_kwargs(m, continuous), **kwargs} for m in modes}
     text = getattr(pipe, "is_text_conditional", True)
     if prompts is None:
         prompts = DEFAULT_PROMPTS if text else list(range(4))
@@ -74,7 +90,8 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
              **settings[mode])
     tmp = None if keep_images else tempfile.TemporaryDirectory()
     root = Path(keep_images or tmp.name)
-    rows = {m: {"forwards": [], "accepted": [], "seconds": 0.0} for m in modes}
+    rows = {m: {"forwards": [], "accepted": [], "seconds": 0.0, "draft_forwards": 0, "fallbacks": 0, "proposed": 0,
+                "kept": 0} for m in modes}
     from tqdm.auto import tqdm
 
     for call in tqdm(calls, desc=f"bench (batch {batch_size})", disable=not progress):
@@ -86,6 +103,10 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
             rows[mode]["seconds"] += time.perf_counter() - t0
             rows[mode]["forwards"] += out.stats.row_forwards.tolist()
             rows[mode]["accepted"] += out.stats.accepted_lengths
+            rows[mode]["draft_forwards"] += out.stats.draft_forwards
+            rows[mode]["fallbacks"] += out.stats.residual_fallbacks
+            rows[mode]["proposed"] += out.stats.drafts_proposed
+            rows[mode]["kept"] += out.stats.drafts_accepted
             for i, image in zip(call, out.images):
                 folder = root / mode / f"{i:05d}"
                 (folder / "samples").mkdir(parents=True, exist_ok=True)
@@ -103,6 +124,11 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
             "forwards_ratio_to_ar": round(forwards / ar_forwards, 4),
             "speedup_vs_ar": round(ar_seconds / r["seconds"], 3),
         }
+        if r["draft_forwards"]:
+            results[mode]["draft_forwards_per_image"] = round(r["draft_forwards"] / images, 2)
+        if r["proposed"]:  # continuous tokens: the share of drafts kept, and residuals that ran out
+            results[mode]["draft_acceptance"] = round(r["kept"] / r["proposed"], 4)
+            results[mode]["residual_fallbacks"] = r["fallbacks"]
         if scorer is not None:
             if progress:
                 print(f"bench (batch {batch_size}): scoring {mode}'s {images} images", file=sys.stderr, flush=True)

@@ -138,21 +138,22 @@ def _continuous_kwargs(args, mar: bool) -> dict:
                "--coupling": args.coupling, "--gsd-group-size": args.gsd_group_size,
                "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta}
     own_of = lambda name: getattr(args, name, None)  # noqa: E731 (batch has no MAR options)
-    refused.update({"--gamma": own_of("gamma"), "--prefill": own_of("prefill")} if mar else
+    refused.update({"--gamma": own_of("gamma"), "--prefill": own_of("prefill"), "--num-steps": own_of("num_steps")}
+                   if mar else
                    {"--num-iter": own_of("num_iter"), "--cfg-schedule": own_of("cfg_schedule")})
     given = [name for name, value in refused.items() if value is not None]
     own = "--num-iter, --guidance-scale, --cfg-schedule, --temperature" if mar else \
-        "--decoding ar|cspd, --gamma, --prefill, --guidance-scale, --temperature"
+        "--decoding ar|cspd, --gamma, --prefill, --num-steps, --guidance-scale, --temperature"
     kind = "MAR" if mar else "a continuous-token model"
     if given:
         raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not an option of {kind}: "
                          f"it takes {own}")
     allowed = (None, "ar") if mar else (None, "ar", "cspd")
-    if args.decoding not in allowed:
+    if own_of("decoding") not in allowed:
         raise ValueError(f"{kind} decodes with --decoding {' or '.join(a for a in allowed if a)}; "
                          f"{args.decoding} is not built for it")
     kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature)
-    names = ("num_iter", "cfg_schedule") if mar else ("decoding", "gamma", "prefill")
+    names = ("num_iter", "cfg_schedule") if mar else ("decoding", "gamma", "prefill", "num_steps")
     kw.update({name: own_of(name) for name in names if own_of(name) is not None})
     return kw
 
@@ -223,12 +224,23 @@ def cmd_bench(args) -> int:
         prompts = evaluation_prompts(per_task=args.per_task, seed=args.seed)
         args.images = len(prompts)
         scorer = score_shapes_folder
-    kwargs = _decode_kwargs(args)
-    kwargs.pop("coupling", None)  # a mode of its own: sjd+coupling
+    from ..pipelines import ContinuousARPipeline, MARPipeline
+
+    if isinstance(pipe, MARPipeline):
+        raise ValueError("bench compares decodings of one model; a MAR folder has one (its sampler): time it with "
+                         "generate --stats")
+    continuous = isinstance(pipe, ContinuousARPipeline)
+    if continuous:
+        kwargs = _continuous_kwargs(args, mar=False)
+    else:
+        kwargs = _decode_kwargs(args)
+        kwargs.pop("coupling", None)  # a mode of its own: sjd+coupling
+    kwargs.pop("decoding", None)  # each mode sets its own
+    modes = args.modes or ("ar,cspd,cspd+flat" if continuous else "ar,sjd,sjd+coupling,lantern,gsd")
     results = []
     for batch_size in args.batch_sizes:
         keep = None if args.keep_images is None else str(Path(args.keep_images) / f"batch{batch_size}")
-        result = run_benchmark(pipe, prompts=prompts, modes=args.modes.split(","), images=args.images, seed=args.seed,
+        result = run_benchmark(pipe, prompts=prompts, modes=modes.split(","), images=args.images, seed=args.seed,
                                batch_size=batch_size, scorer=scorer, keep_images=keep, progress=True, **kwargs)
         results.append(result)
         print(f"batch {batch_size}, {result['images_per_mode']} images per mode, {result['machine']}")
@@ -577,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gamma", type=int, default=None, help="continuous tokens: drafts per step (default: the folder's)")
     g.add_argument("--prefill", type=float, default=None,
                    help="continuous tokens: share of tokens the target draws alone first (default: the folder's)")
+    g.add_argument("--num-steps", type=int, default=None,
+                   help="continuous tokens: the diffusion head's sampling steps per token (default: the model's)")
     g.add_argument("--cfg-schedule", choices=("linear", "constant"), default=None,
                    help="MAR: how guidance grows over the steps (default: the folder's)")
     _add_decoding_args(g)
@@ -584,8 +598,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", parents=[common], help="AR vs SJD vs LANTERN, side by side in one run")
     b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
-    b.add_argument("--modes", default="ar,sjd,sjd+coupling,lantern,gsd",
-                   help="comma-separated: ar, sjd, sjd+coupling, lantern, gsd, speculative")
+    b.add_argument("--modes", default=None,
+                   help="comma-separated; token models: ar, sjd, sjd+coupling, lantern, gsd, speculative (default: "
+                        "all but speculative); continuous-token models: ar, cspd, cspd+flat, each optionally @STEPS "
+                        "for that many diffusion-head steps (default: ar,cspd,cspd+flat)")
+    b.add_argument("--gamma", type=int, default=None, help="continuous tokens: drafts per step (default: the folder's)")
+    b.add_argument("--prefill", type=float, default=None,
+                   help="continuous tokens: share of tokens the target draws alone first (default: the folder's)")
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1],
                    help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
     b.add_argument("--images", type=int, default=4, help="images per mode")
@@ -609,6 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--gamma", type=int, default=None, help="continuous tokens: drafts per step")
     bt.add_argument("--prefill", type=float, default=None,
                     help="continuous tokens: share of tokens the target draws alone first")
+    bt.add_argument("--num-steps", type=int, default=None,
+                    help="continuous tokens: the diffusion head's sampling steps per token")
     bt.add_argument("--batch-size", type=int, default=16,
                     help="images decoding at once; a finished image's place goes to the next (continuous batching)")
     bt.add_argument("--chunk-size", type=int, default=None,

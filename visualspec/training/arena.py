@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import claim_work_dir, ema_update, run_stage, training_autocast
+from .common import claim_work_dir, ema_update, run_stage, training_autocast, write_training_record
 from ..worlds import arena
 
 
@@ -71,6 +71,7 @@ class ArenaTrainingConfig:
     # flow-matching loss weights (see ``loss_weights``); 1 and 0 give the plain mean squared error
     context_weight: float = 0.0
     motion_weight: float = 4.0
+    ball_weight: float = 0.0  # added to the weight of the latent cells that hold the ball
     checkpoint_seconds: float = 300.0
 
 
@@ -125,9 +126,18 @@ def train_autoencoder(cfg: ArenaTrainingConfig, work: Path, device, progress=Tru
     return ae.eval()
 
 
+def ball_cells(frames: np.ndarray, cell: int = 8) -> torch.Tensor:
+    """Which ``cell`` x ``cell`` pixel cells of frames (..., 64, 64, 3) uint8 hold a ball pixel:
+    bool (..., 64 / cell, 64 / cell). The simulator draws the ball in its own exact colour."""
+    ball = np.all(frames == np.array(arena.BALL_COLOR, dtype=frames.dtype), axis=-1)
+    n = frames.shape[-2] // cell
+    return torch.from_numpy(ball.reshape(*ball.shape[:-2], n, cell, n, cell).any(axis=(-3, -1)))
+
+
 @torch.no_grad()
 def episode_latents(cfg: ArenaTrainingConfig, ae, device, seed_offset: int = 0, count: int | None = None):
-    """Latents (E, T+1, C, 8, 8) (unscaled) and actions (E, T) of the training (or held-out) episodes."""
+    """Latents (E, T+1, C, 8, 8) (unscaled), actions (E, T) and the ball's latent cells
+    (E, T+1, 8, 8) of the training (or held-out) episodes."""
     count = count or cfg.episodes
     frames, actions = arena.batch_episodes(cfg.seed + 1000 + seed_offset, count, cfg.episode_frames)
     latents = []
@@ -135,20 +145,21 @@ def episode_latents(cfg: ArenaTrainingConfig, ae, device, seed_offset: int = 0, 
         x = _frames_to_tensor(frames[chunk]).to(device)
         z = ae.encoder(x.flatten(0, 1))
         latents.append(z.view(len(chunk), x.shape[1], *z.shape[1:]).cpu())
-    return torch.cat(latents), torch.from_numpy(actions)
+    return torch.cat(latents), torch.from_numpy(actions), ball_cells(frames, arena.CANVAS // latents[0].shape[-1])
 
 
-def sample_windows(latents, actions, cfg: ArenaTrainingConfig, rng: np.random.Generator, batch: int, no_action: int):
-    """Random windows: latents (B, W, C, h, w) and the action leading to each frame (B, W)."""
+def sample_windows(latents, actions, balls, cfg: ArenaTrainingConfig, rng: np.random.Generator, batch: int,
+                   no_action: int):
+    """Random windows: latents (B, W, C, h, w), the action leading to each frame (B, W) and the
+    ball's cells (B, W, h, w)."""
     E, T1 = latents.shape[:2]
-    eps = rng.integers(0, E, batch)
+    eps = torch.from_numpy(rng.integers(0, E, batch))[:, None]
     starts = rng.integers(0, T1 - cfg.window + 1, batch)
     idx = torch.from_numpy(starts[:, None] + np.arange(cfg.window)[None])
-    x = latents[torch.from_numpy(eps)[:, None], idx]
     prev = idx - 1
-    acts = actions[torch.from_numpy(eps)[:, None], prev.clamp(min=0)]
+    acts = actions[eps, prev.clamp(min=0)]
     acts[prev < 0] = no_action
-    return x, acts
+    return latents[eps, idx], acts, balls[eps, idx]
 
 
 def sample_taus(cfg: ArenaTrainingConfig, rng: np.random.Generator, batch: int) -> torch.Tensor:
@@ -166,24 +177,29 @@ def _noised(x, taus, noise):
     return (1 - t) * x + t * noise
 
 
-def loss_weights(x0: torch.Tensor, taus: torch.Tensor, cfg: ArenaTrainingConfig) -> torch.Tensor:
+def loss_weights(x0: torch.Tensor, taus: torch.Tensor, cfg: ArenaTrainingConfig,
+                 ball: torch.Tensor | None = None) -> torch.Tensor:
     """Per-cell weights (B, W, 1, h, w) of the flow-matching loss for clean latents x0 (B, W, C, h, w)
-    at times ``taus`` (B, W).
+    at times ``taus`` (B, W), given the cells that hold the ball (B, W, h, w; optional).
 
-    A cell whose latent changed since the previous frame (mean absolute change over the channels
-    above 0.05; about a fifth of the cells) weighs ``1 + motion_weight``, others 1: the game's
-    dynamics live in a few cells. Near-clean context frames (tau <= 2 * ``context_noise``) are
+    ``w = 1 + motion_weight * moved + ball_weight * ball``. A cell moved if its latent changed since
+    the previous frame (mean absolute change over the channels above 0.05; about a fifth of the
+    cells): the game's dynamics live in a few cells. The ball covers a quarter of a cell, so its
+    cells can change less than the threshold and it is easily averaged away; ``ball_weight`` adds
+    to its cells. Near-clean context frames (tau <= 2 * ``context_noise``) are
     scaled by ``context_weight``: at tau near 0 the velocity target ``noise - x0`` is almost pure
     noise, so their loss is mostly irreducible and only adds gradient noise.
     """
     change = (x0[:, 1:] - x0[:, :-1]).abs().mean(2)
     moving = torch.cat([torch.zeros_like(change[:, :1]), change], 1) > 0.05
     weights = 1 + cfg.motion_weight * moving.float()
+    if ball is not None:
+        weights = weights + cfg.ball_weight * ball.float()
     context = (taus <= 2 * cfg.context_noise)[:, :, None, None]
     return torch.where(context, cfg.context_weight * weights, weights)[:, :, None]
 
 
-def train_transformer(cfg: ArenaTrainingConfig, latents, actions, work: Path, device, progress=True):
+def train_transformer(cfg: ArenaTrainingConfig, latents, actions, balls, work: Path, device, progress=True):
     model = build_transformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     autocast = training_autocast(device)
@@ -191,13 +207,13 @@ def train_transformer(cfg: ArenaTrainingConfig, latents, actions, work: Path, de
 
     def step_fn(step):
         rng = np.random.default_rng([cfg.seed, 21, step])
-        x0, acts = sample_windows(latents, actions, cfg, rng, cfg.batch, model.no_action)
+        x0, acts, ball = sample_windows(latents, actions, balls, cfg, rng, cfg.batch, model.no_action)
         taus = sample_taus(cfg, rng, cfg.batch)
         noise = torch.from_numpy(rng.standard_normal(x0.shape, dtype=np.float32))
-        x0, acts, taus, noise = x0.to(device), acts.to(device), taus.to(device), noise.to(device)
+        x0, acts, taus, noise, ball = (t.to(device) for t in (x0, acts, taus, noise, ball))
         with torch.autocast(**autocast):
             v = model(_noised(x0, taus, noise), taus, acts)
-        weights = loss_weights(x0, taus, cfg)
+        weights = loss_weights(x0, taus, cfg, ball)
         loss = ((v.float() - (noise - x0)) ** 2 * weights).sum() / (weights.expand_as(x0).sum() + 1e-8)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -210,7 +226,7 @@ def train_transformer(cfg: ArenaTrainingConfig, latents, actions, work: Path, de
     return model.eval()
 
 
-def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, work: Path, device, progress=True):
+def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, balls, work: Path, device, progress=True):
     """Consistency distillation of ``teacher`` (frozen) into a student initialised from it."""
     student = copy.deepcopy(teacher).train()
     ema = copy.deepcopy(teacher).eval()
@@ -221,7 +237,7 @@ def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, work: Path, dev
 
     def step_fn(step):
         rng = np.random.default_rng([cfg.seed, 31, step])
-        x0, acts = sample_windows(latents, actions, cfg, rng, cfg.batch, student.no_action)
+        x0, acts, _ = sample_windows(latents, actions, balls, cfg, rng, cfg.batch, student.no_action)
         B, W = acts.shape
         n_block = rng.integers(1, cfg.max_speculate + 1, B)
         level = rng.integers(1, cfg.distill_grid + 1, B)
@@ -265,17 +281,15 @@ def train_arena(out: str, work_dir: str, cfg: ArenaTrainingConfig | None = None,
     ae = train_autoencoder(cfg, work, device, progress)
     for p in ae.parameters():
         p.requires_grad_(False)
-    latents, actions = episode_latents(cfg, ae, device)
+    latents, actions, balls = episode_latents(cfg, ae, device)
     scale = float(1.0 / latents.std())
     ae.register_to_config(scaling_factor=scale)
     latents = latents * scale
-    teacher = train_transformer(cfg, latents, actions, work, device, progress)
-    student = distill(cfg, teacher, latents, actions, work, device, progress)
+    teacher = train_transformer(cfg, latents, actions, balls, work, device, progress)
+    student = distill(cfg, teacher, latents, actions, balls, work, device, progress)
     # stored in float16 to keep the asset small; from_pretrained loads them back in float32
     pipe = NextFramePipeline(transformer=student.cpu().half(), teacher=teacher.cpu().half(),
                              autoencoder=ae.cpu().half(), context_noise=cfg.context_noise)
     pipe.save_pretrained(out)
-    (Path(out) / "training.json").write_text(json.dumps(
-        {"config": config, "command": "visualspec train-arena", "seconds_this_run": round(time.time() - t0)},
-        indent=1) + "\n")
+    write_training_record(out, "visualspec train-arena", config, t0, device)
     return NextFramePipeline.from_pretrained(out)

@@ -49,6 +49,16 @@ def load_checkpoint(path: Path, modules: dict, optimizer) -> dict | None:
     return meta
 
 
+def write_training_record(folder, command: str, config: dict, started: float, device: torch.device,
+                          **extra) -> None:
+    """``folder/training.json``: the recipe's configuration, the command, this run's seconds and the
+    machine that ran it (the device's name, torch's version), plus ``extra``."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    record = {"config": config, "command": command, "seconds_this_run": round(time.time() - started),
+              "device": name, "torch": torch.__version__, **extra}
+    (Path(folder) / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 def warmup_cosine_lr(step: int, cfg_steps: int, base: float, warmup: int) -> float:
     """``base * (step + 1) / warmup`` during warm-up, then a cosine from ``base`` down to
     ``0.1 * base`` at ``cfg_steps``."""

@@ -24,7 +24,6 @@ with ``training.json``.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .common import claim_work_dir, run_stage
+from .common import claim_work_dir, run_stage, write_training_record
 from .shapes import caption_batch, world_batch
 
 
@@ -44,27 +43,28 @@ class ContinuousShapesConfig:
     token_dim: int = 8  # numbers per continuous token (latent channels)
     # KL autoencoder
     kl_channels: int = 32  # width of its first convolution (a multiple of 32, for GroupNorm)
-    kl_steps: int = 1500
-    kl_batch: int = 16
+    kl_steps: int = 1200
+    kl_batch: int = 8
     kl_lr: float = 2e-3
     kl_weight: float = 1e-5  # weight of the KL term against the reconstruction losses
     # the two AR models: width, depth, heads; their diffusion heads' depth and width
-    target_dim: int = 192
-    target_layers: int = 8
-    target_heads: int = 3
+    target_dim: int = 160
+    target_layers: int = 6
+    target_heads: int = 2
     target_head_depth: int = 3
-    target_head_width: int = 192
-    target_steps: int = 1600
+    target_head_width: int = 160
+    target_steps: int = 1100
     draft_dim: int = 96
     draft_layers: int = 3
     draft_heads: int = 2
     draft_head_depth: int = 2
     draft_head_width: int = 96
-    draft_steps: int = 1200
+    draft_steps: int = 900
     ar_batch: int = 32
     ar_lr: float = 6e-4
     warmup_steps: int = 100
-    head_batch_mul: int = 4  # noisings per token per step (MAR's diffusion_batch_mul)
+    prediction_type: str = "v_prediction"  # what the heads predict (see visualspec.models.diffusion_head)
+    head_batch_mul: int = 2  # noisings per token per step (MAR's diffusion_batch_mul)
     caption_dropout: float = 0.1  # share of captions replaced by the null caption (guidance)
     caption_detail: float = 0.5  # as the shapes recipe (see visualspec.training.shapes.training_caption)
     num_sampling_steps: int = 50  # the heads' sampling steps, written into the folder
@@ -121,7 +121,8 @@ def build_ar(cfg: ContinuousShapesConfig, which: str, caption_dim: int, cls_toke
     return ContinuousARTransformer(
         token_dim=cfg.token_dim, dim=get("dim"), n_layer=get("layers"), n_head=get("heads"), multiple_of=64,
         model_type="t2i", caption_dim=caption_dim, cls_token_num=cls_token_num, block_size=256,
-        head_depth=get("head_depth"), head_width=get("head_width"), num_sampling_steps=cfg.num_sampling_steps)
+        head_depth=get("head_depth"), head_width=get("head_width"), num_sampling_steps=cfg.num_sampling_steps,
+        prediction_type=cfg.prediction_type)
 
 
 def train_ar(cfg: ContinuousShapesConfig, which: str, kl, text, work: Path, device, progress: bool = True):
@@ -173,6 +174,4 @@ def train_continuous_shapes(out: str, work_dir: str, cfg: ContinuousShapesConfig
     pipe = ContinuousARPipeline(transformer=target.cpu(), vae=kl.cpu(), text_encoder=text.text_encoder.cpu(),
                                 tokenizer=text.tokenizer, draft_model=draft.cpu())
     pipe.save_pretrained(out)
-    (Path(out) / "training.json").write_text(json.dumps(
-        {"config": asdict(cfg), "command": "visualspec train-continuous", "seconds_this_run": round(time.time() - t0)},
-        indent=1) + "\n")
+    write_training_record(out, "visualspec train-continuous", asdict(cfg), t0, device)

@@ -29,7 +29,6 @@ final pipeline stores the GPT in float16 to keep the asset small (it is loaded b
 from __future__ import annotations
 
 import copy
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from ..worlds import shapes
-from .common import claim_work_dir, ema_update, run_stage, training_autocast, warmup_cosine_lr
+from .common import (claim_work_dir, ema_update, run_stage, training_autocast, warmup_cosine_lr,
+                     write_training_record)
 
 
 @dataclass
@@ -392,9 +392,7 @@ def train_shapes(out: str, work_dir: str, cfg: ShapesTrainingConfig | None = Non
                             default_lantern_k=cfg.lantern_k, default_lantern_delta=cfg.lantern_delta,
                             default_jacobi_init=cfg.jacobi_init, default_gsd_group_size=cfg.gsd_group_size)
     pipe.save_pretrained(out)
-    (Path(out) / "training.json").write_text(json.dumps(
-        {"config": asdict(cfg), "command": "visualspec train-shapes", "seconds_this_run": round(time.time() - t0)},
-        indent=1) + "\n")
+    write_training_record(out, "visualspec train-shapes", asdict(cfg), t0, device)
     return LlamaGenPipeline.from_pretrained(out)  # float32 again, as users load it
 
 

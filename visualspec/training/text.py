@@ -21,7 +21,6 @@ go to ``--work-dir`` every few minutes. The folder written to ``--out`` holds ``
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sysconfig
 import time
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import claim_work_dir, run_stage, training_autocast
+from .common import claim_work_dir, run_stage, training_autocast, write_training_record
 
 
 @dataclass
@@ -159,8 +158,7 @@ def train_text_pair(out: str, work_dir: str, cfg: TextPairConfig | None = None, 
     target.cpu().half().save_pretrained(out / "target")
     draft.cpu().half().save_pretrained(out / "draft")
     root = Path(sysconfig.get_paths()["stdlib"])
-    (out / "training.json").write_text(json.dumps({
-        "config": asdict(cfg), "command": "visualspec train-text", "seconds_this_run": round(time.time() - t0),
-        "python": sysconfig.get_python_version(), "training_tokens": len(stream),
-        "held_out_files": [str(p.relative_to(root)) for p in held_out]}, indent=1) + "\n")
+    write_training_record(out, "visualspec train-text", asdict(cfg), t0, device,
+                          python=sysconfig.get_python_version(), training_tokens=len(stream),
+                          held_out_files=[str(p.relative_to(root)) for p in held_out])
     return out
