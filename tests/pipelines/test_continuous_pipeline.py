@@ -133,3 +133,13 @@ def test_the_benchmark_compares_ar_cspd_and_fewer_steps_side_by_side(folder, tmp
             assert r[mode]["target_forwards_per_image"] < 16 or r[mode]["draft_acceptance"] == 0
     assert main(["bench", "--model", str(folder), "--modes", "ar,lantern", "--images", "1"]) == 2
     assert "unknown benchmark mode 'lantern'" in capsys.readouterr().err
+
+
+def test_stats_show_the_continuous_counts_only_where_drafts_were_scored(folder):
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    ar = pipe([1], decoding="ar", seed=0, output_type="latent").stats.to_dict()
+    assert "drafts_proposed" not in ar and "residual_fallbacks" not in ar and ar["target_forwards"] == 16
+    sp = pipe([1], decoding="cspd", seed=0, gamma=3, output_type="latent").stats
+    d = sp.to_dict()
+    assert d["drafts_proposed"] == sp.drafts_proposed > 0 and 0 <= d["drafts_accepted"] <= d["drafts_proposed"]
+    assert sp.draft_acceptance == sp.drafts_accepted / sp.drafts_proposed

@@ -9,6 +9,9 @@ import numpy as np
 import torch
 
 
+CONTINUOUS_COUNTS = ("residual_proposals", "residual_fallbacks", "drafts_proposed", "drafts_accepted")
+
+
 @dataclass
 class DecodeStats:
     """What one decode cost and how much speculation paid off.
@@ -71,7 +74,12 @@ class DecodeStats:
         return dict(sorted(Counter(self.accepted_lengths).items()))
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("fixed_at", "accepted_lengths", "row_forwards")}
+        """The counts and summaries as JSON-able values (the continuous-token counts only where a
+        draft was scored)."""
+        skip = ("fixed_at", "accepted_lengths", "row_forwards")
+        if not self.drafts_proposed:
+            skip += CONTINUOUS_COUNTS
+        d = {k: v for k, v in asdict(self).items() if k not in skip}
         d.update(
             forwards_per_sequence=round(self.forwards_per_sequence, 3),
             steps=self.steps,
