@@ -6,5 +6,5 @@ from .continuous import ContinuousARPipeline
 from .mar import MARPipeline
 from .nfd import NextFramePipeline, VisualSpecVideoOutput, export_video
 
-__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "ContinuousARPipeline", "MARPipeline", "VisualSpecImageOutput",
-           "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]
+__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "ContinuousARPipeline", "MARPipeline",
+           "VisualSpecImageOutput", "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]

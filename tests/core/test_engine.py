@@ -166,6 +166,31 @@ def test_stats_account_for_every_token():
         stats.acceptance_map(4, 4)
 
 
+def test_merged_stats_add_counts_and_join_records_of_every_field():
+    from dataclasses import fields
+
+    from visualspec.core.stats import DecodeStats, merge_decode_stats
+
+    def part(n, base):  # every count differs, so a field left out or taken from one part shows
+        return DecodeStats(mode="cspd", batch_size=n, num_tokens=4, target_forwards=base, draft_forwards=base + 1,
+                           wall_time_s=base + 0.5, accepted_lengths=[base] * n, fixed_at=torch.full((n, 4), base),
+                           row_forwards=torch.full((n,), base), slots=n, residual_proposals=base + 2,
+                           residual_fallbacks=base + 3, drafts_proposed=base + 4, drafts_accepted=base + 5)
+
+    a, b = part(2, 10), part(3, 20)
+    m = merge_decode_stats([a, b])
+    assert (m.mode, m.num_tokens, m.batch_size, m.slots) == ("cspd", 4, 5, 3)
+    for f in fields(DecodeStats):
+        if f.name in ("mode", "num_tokens", "batch_size", "slots"):
+            continue
+        va, vb, vm = getattr(a, f.name), getattr(b, f.name), getattr(m, f.name)
+        if isinstance(va, torch.Tensor):
+            assert torch.equal(vm, torch.cat([va, vb])), f.name
+        else:
+            assert vm == va + vb, f.name
+    assert merge_decode_stats([a]) is a
+
+
 def test_engine_rejects_bad_arguments():
     model = tiny_llamagen(vocab_size=8, block_size=16)
     with pytest.raises(ValueError, match="window"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -128,18 +128,23 @@ class DecodeStats:
 
 
 def merge_decode_stats(parts: list[DecodeStats]) -> DecodeStats:
-    """One DecodeStats for calls made one after another on consecutive groups of sequences."""
+    """One DecodeStats for calls made one after another on consecutive groups of sequences: counts
+    and times add up, per-step and per-sequence records are joined in order, ``slots`` is the
+    largest, and ``mode`` and ``num_tokens`` are the first call's."""
     first = parts[0]
     if len(parts) == 1:
         return first
-    cat = lambda name: None if getattr(first, name) is None else torch.cat([getattr(p, name) for p in parts])  # noqa: E731
-    return DecodeStats(
-        mode=first.mode, batch_size=sum(p.batch_size for p in parts), num_tokens=first.num_tokens,
-        target_forwards=sum(p.target_forwards for p in parts), draft_forwards=sum(p.draft_forwards for p in parts),
-        wall_time_s=sum(p.wall_time_s for p in parts),
-        accepted_lengths=[n for p in parts for n in p.accepted_lengths], fixed_at=cat("fixed_at"),
-        row_forwards=cat("row_forwards"), slots=max(p.slots or p.batch_size for p in parts),
-        residual_proposals=sum(p.residual_proposals for p in parts),
-        residual_fallbacks=sum(p.residual_fallbacks for p in parts),
-        drafts_proposed=sum(p.drafts_proposed for p in parts), drafts_accepted=sum(p.drafts_accepted for p in parts))
-
+    merged = {}
+    for f in fields(DecodeStats):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name in ("mode", "num_tokens"):
+            merged[f.name] = values[0]
+        elif f.name == "slots":
+            merged[f.name] = max(p.slots or p.batch_size for p in parts)
+        elif isinstance(values[0], list):
+            merged[f.name] = [x for v in values for x in v]
+        elif isinstance(values[0], torch.Tensor) or values[0] is None:
+            merged[f.name] = None if values[0] is None else torch.cat(values)
+        else:
+            merged[f.name] = sum(values)
+    return DecodeStats(**merged)

@@ -18,6 +18,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..core.stats import merge_decode_stats
+
+
 DEFAULT_PROMPTS = [
     "a photo of a red circle",
     "a photo of a blue square and a yellow triangle",
@@ -90,8 +93,7 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
              **settings[mode])
     tmp = None if keep_images else tempfile.TemporaryDirectory()
     root = Path(keep_images or tmp.name)
-    rows = {m: {"forwards": [], "accepted": [], "seconds": 0.0, "draft_forwards": 0, "fallbacks": 0, "proposed": 0,
-                "kept": 0} for m in modes}
+    rows = {m: {"stats": [], "seconds": 0.0} for m in modes}
     from tqdm.auto import tqdm
 
     for call in tqdm(calls, desc=f"bench (batch {batch_size})", disable=not progress):
@@ -101,34 +103,31 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
             out = pipe([conditions[i]["prompt"] for i in call], generator=generators, output_type="pil",
                        batch_size=batch_size, **settings[mode])
             rows[mode]["seconds"] += time.perf_counter() - t0
-            rows[mode]["forwards"] += out.stats.row_forwards.tolist()
-            rows[mode]["accepted"] += out.stats.accepted_lengths
-            rows[mode]["draft_forwards"] += out.stats.draft_forwards
-            rows[mode]["fallbacks"] += out.stats.residual_fallbacks
-            rows[mode]["proposed"] += out.stats.drafts_proposed
-            rows[mode]["kept"] += out.stats.drafts_accepted
+            rows[mode]["stats"].append(out.stats)
             for i, image in zip(call, out.images):
                 folder = root / mode / f"{i:05d}"
                 (folder / "samples").mkdir(parents=True, exist_ok=True)
                 (folder / "metadata.jsonl").write_text(json.dumps(conditions[i]) + "\n")
                 image.save(folder / "samples" / "0000.png")
-    ar_forwards = np.mean(rows["ar"]["forwards"])
+    stats = {m: merge_decode_stats(r["stats"]) for m, r in rows.items()}
+    ar_forwards = stats["ar"].forwards_per_sequence
     ar_seconds = rows["ar"]["seconds"]
     results = {}
     for mode, r in rows.items():
-        forwards = float(np.mean(r["forwards"]))
+        s = stats[mode]
+        forwards = s.forwards_per_sequence
         results[mode] = {
             "target_forwards_per_image": round(forwards, 2),
-            "mean_accepted_tokens_per_step": round(float(np.mean(r["accepted"])) if r["accepted"] else 1.0, 3),
+            "mean_accepted_tokens_per_step": round(s.mean_accepted, 3),
             "seconds_per_image": round(r["seconds"] / images, 4),
             "forwards_ratio_to_ar": round(forwards / ar_forwards, 4),
             "speedup_vs_ar": round(ar_seconds / r["seconds"], 3),
         }
-        if r["draft_forwards"]:
-            results[mode]["draft_forwards_per_image"] = round(r["draft_forwards"] / images, 2)
-        if r["proposed"]:  # continuous tokens: the share of drafts kept, and residuals that ran out
-            results[mode]["draft_acceptance"] = round(r["kept"] / r["proposed"], 4)
-            results[mode]["residual_fallbacks"] = r["fallbacks"]
+        if s.draft_forwards:
+            results[mode]["draft_forwards_per_image"] = round(s.draft_forwards / images, 2)
+        if s.drafts_proposed:  # continuous tokens: the share of drafts kept, and residuals that ran out
+            results[mode]["draft_acceptance"] = round(s.draft_acceptance, 4)
+            results[mode]["residual_fallbacks"] = s.residual_fallbacks
         if scorer is not None:
             if progress:
                 print(f"bench (batch {batch_size}): scoring {mode}'s {images} images", file=sys.stderr, flush=True)

@@ -149,9 +149,10 @@ def _continuous_kwargs(args, mar: bool) -> dict:
         raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not an option of {kind}: "
                          f"it takes {own}")
     allowed = (None, "ar") if mar else (None, "ar", "cspd")
-    if own_of("decoding") not in allowed:
+    decoding = own_of("decoding")
+    if decoding not in allowed:
         raise ValueError(f"{kind} decodes with --decoding {' or '.join(a for a in allowed if a)}; "
-                         f"{args.decoding} is not built for it")
+                         f"{decoding} is not built for it")
     kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature)
     names = ("num_iter", "cfg_schedule") if mar else ("decoding", "gamma", "prefill", "num_steps")
     kw.update({name: own_of(name) for name in names if own_of(name) is not None})
@@ -657,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tc = sub.add_parser("train-continuous", parents=[common],
                         help="train a continuous-token target and draft on the shapes world (CSpD)")
-    tc.add_argument("--out", required=True, help="folder to write (autoencoder/, target/, draft/)")
+    tc.add_argument("--out", required=True, help="pipeline folder to write (target, draft, KL autoencoder, text encoder)")
     tc.add_argument("--work-dir", default=str(cache_dir() / "train-continuous"), help="checkpoints; rerun to resume")
     tc.add_argument("--seed", type=int, help="default: the recipe's (0)")
     tc.set_defaults(func=cmd_train_continuous)
