@@ -21,10 +21,12 @@ class HFCausalLM:
     in the order of ``head_rows``, and the head costs K/V of the full one. ``vocab_size`` stays the
     full V. This assumes the model's logits are its LM head applied to the base model's output (as
     in Llama, Mistral, Qwen, GPT-2, ...); a ``final_logit_softcapping`` in the config is applied too.
-    Without ``head_rows`` the adapter returns the model's own full logits.
+    Without ``head_rows`` the adapter returns the model's own full logits, or with ``raw_head=True``
+    the LM head applied to the base model's output: transformers' Chameleon sets the image tokens'
+    logits to the lowest float (it only generates text), and image generation needs them.
     """
 
-    def __init__(self, model, head_rows=None):
+    def __init__(self, model, head_rows=None, raw_head: bool = False):
         from transformers import DynamicCache  # noqa: F401  (fail early if transformers is missing)
 
         if not getattr(model.config, "use_cache", True):
@@ -36,6 +38,9 @@ class HFCausalLM:
         self.vocab_size = head.weight.shape[0]
         self.cache = None
         self.head_rows = None
+        self.raw_head = raw_head
+        if raw_head and model.base_model is model:
+            raise ValueError(f"{type(model).__name__} has no separate base model to read raw logits from")
         if head_rows is not None:
             rows = torch.as_tensor(head_rows).to(device=head.weight.device)
             if rows.dim() != 1 or rows.numel() == 0 or rows.is_floating_point() or rows.dtype == torch.bool:
@@ -55,11 +60,13 @@ class HFCausalLM:
         goes in under the keyword this transformers version names it (``cache``, formerly
         ``past_key_values``)."""
         inputs[self._cache_keyword] = inputs.pop("past_key_values")
-        if self.head_rows is None:
+        if self.head_rows is None and not self.raw_head:
             return self.model(**inputs).logits
         hidden = self.model.base_model(**inputs).last_hidden_state
         if last_only:
             hidden = hidden[:, -1:]
+        if self.head_rows is None:  # raw_head: the LM head alone, without the class's own logit masking
+            return self.model.get_output_embeddings()(hidden)
         logits = torch.nn.functional.linear(hidden, self.head_weight, self.head_bias)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

@@ -418,6 +418,49 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
     def crop(self, lengths) -> None:
         """Static cache: positions >= length are simply overwritten later and masked until then."""
 
+    def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
+                     start) -> torch.Tensor:
+        """Tree attention (:class:`visualspec.core.engine.TreeTokenModel`): node i of row b at image
+        position ``start[b] + depths[i]`` sees the row's cached positions before ``start[b]`` and
+        the nodes j with ``ancestors[i, j]``. The nodes' keys and values go to scratch slots after
+        the sequence (grown once when a tree needs more) until :meth:`keep` moves the kept ones
+        to their positions. Returns logits (B, N, V)."""
+        if self._cache is None:
+            raise RuntimeError("call prefill() before forward_tree()")
+        B, N = tokens.shape
+        device = tokens.device
+        base = self._key_valid.shape[1]  # the sequence's slots; scratch follows
+        if self._cache[0].shape[3] < base + N:
+            grown = []
+            for buffer in self._cache:
+                shape = list(buffer.shape)
+                shape[3] = base + N
+                new = buffer.new_zeros(shape)
+                new[:, :, :, :buffer.shape[3]] = buffer
+                grown.append(new)
+            self._cache = tuple(grown)
+        start = torch.as_tensor(start, device=device).expand(B)
+        cls = self.config.cls_token_num
+        pos = (start[:, None] + depths.to(device)[None]).clamp(max=self._max_new - 1)
+        past = self._key_valid[:B] & (torch.arange(base, device=device)[None] < cls + start[:, None])
+        allowed = torch.cat([past[:, None, :].expand(B, N, base), ancestors.to(device)[None].expand(B, N, N)], 2)
+        slots = (base + torch.arange(N, device=device)).expand(B, N)
+        self._tree_start = start
+        return self._run(self.tok_embeddings(tokens), cls + pos, slots=slots, allowed=allowed[:, None])
+
+    def keep(self, nodes: torch.Tensor, counts: torch.Tensor) -> None:
+        """After :meth:`forward_tree`: row b's nodes ``nodes[b, :counts[b]]`` become its positions
+        ``start[b]``, ``start[b] + 1``, ... (their keys and values are copied from the scratch slots)."""
+        B, m = nodes.shape
+        device = nodes.device
+        base = self._key_valid.shape[1]
+        j = torch.arange(m, device=device)[None]
+        src = base + nodes
+        dst = torch.where(j < counts[:, None], self.config.cls_token_num + self._tree_start[:, None] + j, src)
+        rows = torch.arange(B, device=device)[:, None].expand(B, m)
+        for buffer in self._cache:
+            buffer[:, rows, :, dst] = buffer[:, rows, :, src]
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep cache rows ``rows`` (in that order) as rows 0..len(rows)-1 and drop the others."""
         m = len(rows)
@@ -426,19 +469,21 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self._key_valid[:m] = self._key_valid[rows]
         self._rows = m
 
-    def _run(self, x, input_pos, rows=None):
+    def _run(self, x, input_pos, rows=None, slots=None, allowed=None):
         """x (b, L, dim) at sequence positions ``input_pos`` (b, L), for the cache rows ``rows``
-        (default: the first b)."""
+        (default: the first b). Keys and values are stored at ``slots`` (default: the positions);
+        ``allowed`` (b, 1, L, S) says which cache slots each token sees (default: causal)."""
         b = x.shape[0]
-        S = int(input_pos.max()) + 1
-        key_valid = self._key_valid[:b] if rows is None else self._key_valid[rows]
-        allowed = self._attention_mask(input_pos, key_valid[:, :S])
+        if allowed is None:
+            S = int(input_pos.max()) + 1
+            key_valid = self._key_valid[:b] if rows is None else self._key_valid[rows]
+            allowed = self._attention_mask(input_pos, key_valid[:, :S])
         # additive, made once for every layer (the fused kernel would convert a bool mask per call)
         mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
         rope = rotary(self.rope.to(x.device)[input_pos], x.dtype)
         k_all, v_all = self._cache
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos)
+            x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos if slots is None else slots)
         return self._logits(x)
 
     def _logits(self, x):

@@ -5,6 +5,7 @@ from .llamagen import LlamaGenPipeline, VisualSpecImageOutput
 from .continuous import ContinuousARPipeline
 from .mar import MARPipeline
 from .nfd import NextFramePipeline, VisualSpecVideoOutput, export_video
+from .unified import UnifiedARPipeline
 
 __all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "ContinuousARPipeline", "MARPipeline",
-           "VisualSpecImageOutput", "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]
+           "UnifiedARPipeline", "VisualSpecImageOutput", "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]

@@ -173,7 +173,8 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
                  default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
                  default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0,
                  default_coupling: bool = False, default_gsd_group_size: int = 3,
-                 default_gsd_max_distance: float | None = None):
+                 default_gsd_max_distance: float | None = None, default_siblings: int = 1,
+                 default_sibling_depth: int = 2):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer, draft_model=draft_model)
@@ -183,7 +184,8 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
                                 default_jacobi_init=default_jacobi_init,
                                 default_epsilon_cutoff=default_epsilon_cutoff, default_coupling=default_coupling,
                                 default_gsd_group_size=default_gsd_group_size,
-                                default_gsd_max_distance=default_gsd_max_distance)
+                                default_gsd_max_distance=default_gsd_max_distance,
+                                default_siblings=default_siblings, default_sibling_depth=default_sibling_depth)
         self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ LANTERN neighbourhoods
@@ -217,6 +219,8 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
         batch_size: int | None = None,
         jacobi_init: str | None = None,
         coupling: bool | None = None,
+        siblings: int | None = None,
+        sibling_depth: int | None = None,
         lantern_k: int | None = None,
         lantern_delta: float | None = None,
         lantern_lambda: float | None = None,
@@ -252,6 +256,10 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
           place of finished ones (continuous batching). Default: all at once.
         - ``coupling``: Jacobi drafts re-drawn by maximal coupling with their previous draft
           (speculative coupled decoding; lossless). Default from the folder.
+        - ``siblings``, ``sibling_depth``: proactive drafting (SJD-PAC's sibling tree; lossless, for
+          ``"sjd"`` and ``"speculative"``): the first ``sibling_depth`` draft positions get
+          ``siblings`` candidates each, scored as a tree in the same forward. 1 = off. Defaults from
+          the folder.
         - ``gsd_group_size``, ``gsd_max_distance``: for ``decoding="gsd"`` (grouped speculative
           decoding, lossy): a draft is accepted with the target mass of its group, the tokens within
           ``gsd_group_size`` ranks of it in the target's ranking whose codebook vectors lie within
@@ -261,6 +269,8 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
         """
         jacobi_init = self.config.default_jacobi_init if jacobi_init is None else jacobi_init
         coupling = self.config.get("default_coupling", False) if coupling is None else coupling
+        siblings = self.config.get("default_siblings", 1) if siblings is None else siblings
+        sibling_depth = self.config.get("default_sibling_depth", 2) if sibling_depth is None else sibling_depth
         top_k = self.config.default_top_k if top_k is None else top_k
         epsilon_cutoff = self.config.default_epsilon_cutoff if epsilon_cutoff is None else epsilon_cutoff
         lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
@@ -270,7 +280,8 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
             gsd_max_distance = self.config.get("default_gsd_max_distance")
         guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
         self.check_inputs(decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
-                          lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance)
+                          lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance, siblings,
+                          sibling_depth)
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale,
                                   epsilon_cutoff=epsilon_cutoff)
 
@@ -300,20 +311,24 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
         if decoding == "gsd" and not sampling.greedy:
             rule = partial(gsd_verify, group_size=gsd_group_size, embeddings=self.code_vectors(),
                            max_distance=gsd_max_distance)
+        tree = drafter is not None and siblings > 1 and sibling_depth > 0
         if window == "auto":
-            window = self.window_policy(prefix_of, slots) if drafter is not None else 1
+            window = (self.window_policy(prefix_of, slots, siblings if tree else 1, sibling_depth)
+                      if drafter is not None else 1)
 
         with self.progress_bar(total=num_tokens * rows) as bar:
+            mode = decoding + ("+coupling" if coupling and drafter else "") + ("+pd" if tree else "")
             tokens, stats = decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=window,
-                                   generator=gen, mode=decoding + ("+coupling" if coupling and drafter else ""),
-                                   progress=bar.update)
+                                   generator=gen, mode=mode, progress=bar.update, siblings=siblings if tree else 1,
+                                   sibling_depth=sibling_depth)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         if not return_dict:
             return images, stats
         return VisualSpecImageOutput(images=images, stats=stats)
 
     def check_inputs(self, decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
-                     lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance) -> None:
+                     lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance, siblings=1,
+                     sibling_depth=2) -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         if decoding not in DECODING_MODES:
             raise ValueError(f"unknown decoding mode {decoding!r}; choose one of {DECODING_MODES}")
@@ -329,6 +344,12 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
             raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
         if not isinstance(coupling, bool):
             raise ValueError(f"coupling must be True or False, got {coupling!r}")
+        for name, value, low in (("siblings", siblings, 1), ("sibling_depth", sibling_depth, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if siblings > 1 and decoding in ("lantern", "gsd"):
+            raise ValueError(f"siblings (proactive drafting) are verified exactly; decoding={decoding!r} is relaxed: "
+                             f"use 'sjd' or 'speculative', or siblings=1")
         if decoding == "speculative" and self.draft_model is None:
             raise ValueError("decoding='speculative' needs a draft_model; load one with "
                              "from_pretrained(..., draft_model=model) or use 'sjd'")
@@ -353,18 +374,27 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
             codebook = torch.nn.functional.normalize(codebook, dim=-1)
         return codebook.to(self.device)
 
-    def window_policy(self, prefix_of, slots: int):
+    def window_policy(self, prefix_of, slots: int, siblings: int = 1, sibling_depth: int = 2):
         """The :class:`visualspec.core.window.WindowPolicy` of ``window="auto"`` at ``slots`` images: cost
         tables at slots, slots/2, ..., 1 images (the batch shrinks as images finish), measured
-        once per model and batch size on this machine and cached on disk."""
+        once per model and batch size on this machine and cached on disk; with ``siblings`` > 1
+        also the cost of whole sibling-tree steps
+        (:func:`visualspec.core.proactive.tree_step_timer`)."""
+        from visualspec.core.proactive import tree_step_timer
         from visualspec.core.window import WindowPolicy, cached_window_costs, prefix_rows
 
-        tables, rows = {}, slots
+        tables, trees, rows = {}, {}, slots
+        model, N = self.transformer, self.transformer.config.block_size
         while True:
-            prefix = prefix_of(self.transformer, list(range(rows)))
-            tables[prefix_rows(prefix)] = cached_window_costs(self.transformer, prefix, self.transformer.config.block_size)
+            prefix = prefix_of(model, list(range(rows)))
+            model_rows = prefix_rows(prefix)
+            tables[model_rows] = cached_window_costs(model, prefix, N)
+            if siblings > 1 and sibling_depth > 0:
+                step = tree_step_timer(model, model_rows // rows, siblings, sibling_depth)
+                trees[model_rows] = cached_window_costs(model, prefix, N, forward=step,
+                                                        tag=f"tree={siblings}x{sibling_depth}")
             if rows == 1:
-                return WindowPolicy(tables)
+                return WindowPolicy(tables, trees)
             rows = max(1, rows // 2)
 
     def window_tables(self, prompt=None, class_labels=None, *, batch_size: int = 1,

@@ -48,3 +48,32 @@ def tiny_random_pipeline(seed: int = 0) -> LlamaGenPipeline:
     torch.nn.init.normal_(gpt.output.weight, std=0.02)  # an all-zero head would make every token equally likely
     return LlamaGenPipeline(transformer=gpt.eval(), vq_model=vq, text_encoder=encoder, tokenizer=tokenizer,
                             default_guidance_scale=4.0)
+
+
+def tiny_unified_pipeline(seed: int = 0, image_codes: int = 4):
+    """A random Lumina-layout pipeline: a 2-layer transformers Chameleon whose vocabulary holds the
+    tiny word list, 16 image codes and the layout's tokens, and a 16-code VQ; ``image_codes`` x
+    ``image_codes`` codes (even, for the size tokens) make 16x16-pixel images per 4x4 codes."""
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    from .unified import UnifiedARPipeline
+
+    torch.manual_seed(seed)
+    tokenizer = word_tokenizer(_WORDS)
+    vocab = dict(tokenizer.get_vocab())
+    names = [f"IMGIMG{''.join(chr(ord('A') + int(d)) for d in str(c))}Z" for c in range(16)]
+    names += ["<image>", "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"]
+    names += [f"<reserved{8800 + n:05d}>" for n in range(1, image_codes // 2 + 1)]
+    vocab.update({name: len(tokenizer) + i for i, name in enumerate(names)})
+    config = ChameleonConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                             vocabulary_map=vocab, pad_token_id=tokenizer.pad_token_id,
+                             vq_config=dict(embed_dim=8, num_embeddings=16, latent_channels=32, base_channels=32,
+                                            channel_multiplier=[1, 2], num_res_blocks=1, resolution=32,
+                                            attn_resolutions=[]))
+    model = ChameleonForConditionalGeneration(config).eval()
+    torch.nn.init.normal_(model.lm_head.weight, std=0.5)
+    vq = LlamaGenVQModel(codebook_size=16, codebook_embed_dim=8, ch=32, ch_mult=(1, 2, 2), z_channels=32,
+                         num_res_blocks=1, norm_groups=8).eval()
+    return UnifiedARPipeline(transformer=model, tokenizer=tokenizer, vq_model=vq, image_height=image_codes,
+                             image_width=image_codes)

@@ -123,6 +123,47 @@ def test_window_search_is_ar_when_drafts_never_pay():
     assert picks.count(1) >= 6 and picks[-1] in (1, 2)
 
 
+def test_window_search_takes_sibling_trees_only_where_they_pay():
+    """Each window is also offered with its tree, priced at the cost of its extra nodes and
+    measured apart: a tree that commits no more than its chain is dropped, one that commits more
+    for little cost is kept."""
+    policy = WindowPolicy({2: {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4}})
+    extra = lambda w: 2 if w > 1 else 0  # noqa: E731
+    search = policy.search(prior=0.7, rate=0.5, probe_every=100, probe_steps=2)
+    assert search.option(2, extra) == (4, False)  # the prior gives trees no more tokens than chains
+    for _ in range(2):
+        search.observe(4, torch.tensor([3, 3]), tree=True)  # 3 tokens for the cost of 6 tokens (2.0)
+        search.observe(4, torch.tensor([2, 2]))  # the chain: 2 tokens for 1.6
+    assert search.option(2, extra) == (4, True)
+    for _ in range(4):
+        search.observe(4, torch.tensor([2, 2]), tree=True)  # the tree stops paying
+    assert search.option(2, extra)[1] is False
+    assert search.window(2) in (1, 2, 4, 8)  # chains only without extra
+
+
+def test_the_search_prices_trees_from_their_measured_table():
+    """A tree that commits 4 tokens would pay at its forward's interpolated cost (2.0 against a
+    chain's 1.6) but not at its measured step cost (9.0): the measured table decides."""
+    extra = lambda w: 2 if w > 1 else 0  # noqa: E731
+    for trees, taken in ((None, True), ({2: {1: 1.0, 2: 5.0, 4: 9.0, 8: 12.0}}, False)):
+        policy = WindowPolicy({2: {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4}}, tree_tables=trees)
+        search = policy.search(prior=0.7, rate=0.5, probe_every=100, probe_steps=2)
+        for _ in range(3):
+            search.observe(4, torch.tensor([4, 4]), tree=True)
+        assert search.option(2, extra)[1] is taken
+
+
+def test_with_trees_the_search_still_probes_the_neighbouring_chains():
+    """Probes alternate the next larger and smaller window of the chosen kind, and every third
+    probe tries the other kind at the same window: trees offered beside chains must not hide the
+    chains next to the choice."""
+    policy = WindowPolicy({2: {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}})  # flat: W = 8 is best
+    search = policy.search(prior=0.5, probe_every=3, probe_steps=2)
+    picks = [search.option(2, lambda w: 2 if w > 1 else 0) for _ in range(18)]
+    assert picks.count((8, False)) >= 10 and (4, False) in picks and (8, True) in picks
+    assert not {(2, True), (4, True)} & set(picks)
+
+
 # ---------------------------------------------------------------------------- measuring and policy
 
 def test_measure_times_each_window_at_one_start_after_a_warmup(clock):
@@ -229,3 +270,14 @@ def test_unwritable_cost_cache_only_warns(tmp_path, counted):
     with pytest.warns(UserWarning, match="could not write"):
         costs = cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16, windows=(1, 2), cache_dir=blocker)
     assert sorted(costs) == [1, 2] and len(counted) == 1
+
+
+def test_a_cpu_is_named_with_its_instruction_set_and_cores():
+    """Virtual machines report one model name for CPUs of different generations: cost tables are
+    kept apart by the vector instructions torch uses and the core count."""
+    import os
+
+    from visualspec.core.window import machine_name
+
+    name = machine_name("cpu")
+    assert torch.backends.cpu.get_cpu_capability() in name and f"{os.cpu_count()} cores" in name

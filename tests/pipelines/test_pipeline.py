@@ -83,6 +83,18 @@ def test_greedy_modes_give_the_ar_image(pipe):
     assert torch.equal(ar, sjd)
 
 
+def test_proactive_drafting_runs_through_the_pipeline(pipe):
+    out = pipe([PROMPT, "a photo of a blue square"], decoding="sjd", siblings=3, sibling_depth=2, window=8, seed=0,
+               output_type="latent")
+    assert out.stats.mode == "sjd+pd" and out.stats.sibling_steps > 0
+    assert out.stats.to_dict()["sibling_steps"] == out.stats.sibling_steps
+    assert "sibling_steps" not in pipe(PROMPT, decoding="sjd", seed=0, output_type="latent").stats.to_dict()
+    from visualspec.tools.bench import mode_kwargs
+    assert mode_kwargs("sjd+coupling+pd") == dict(decoding="sjd", coupling=True, siblings=3, sibling_depth=2)
+    with pytest.raises(ValueError, match="unknown benchmark mode"):
+        mode_kwargs("sjd+pd+pd")
+
+
 def test_class_conditional_pipeline_with_a_draft_model(tmp_path):
     pipe = tiny_c2i_pipeline()
     pipe.save_pretrained(tmp_path)
@@ -108,6 +120,8 @@ def test_class_conditional_pipeline_with_a_draft_model(tmp_path):
     (dict(decoding="speculative"), "draft_model"),
     (dict(decoding="lantern", lantern_delta=2.0), "lantern_delta"),
     (dict(num_images_per_prompt=0), "num_images_per_prompt"),
+    (dict(siblings=0), "siblings must be an integer >= 1"),
+    (dict(decoding="lantern", siblings=2), "siblings .proactive drafting. are verified exactly"),
 ])
 def test_bad_arguments_get_clear_errors(pipe, kwargs, message):
     with pytest.raises(ValueError, match=message):

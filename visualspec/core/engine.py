@@ -31,7 +31,9 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from .constraints import TokenConstraints
 from .continuous import Gaussian, continuous_verify, head_noise
+from .proactive import draw_siblings, extra_nodes, level_laws, sibling_layout, verify_sibling_tree
 from .sampling import Generator, SamplingConfig, normal
 from .stats import DecodeStats
 from .verify import Verdict, greedy_verify, speculative_verify
@@ -229,18 +231,28 @@ class _Rows:
 # ----------------------------------------------------------------------------------------------
 
 
-def _first_tokens(rule: Rule, sampling: SamplingConfig, logits: torch.Tensor, generator) -> torch.Tensor:
+def _first_tokens(rule: Rule, sampling: SamplingConfig, logits: torch.Tensor, generator,
+                  constraints: TokenConstraints | None = None) -> torch.Tensor:
     """Token 0 of each row straight from the prefill: one exact step with no drafts."""
-    p = sampling.probs(logits)
+    allowed = None
+    if constraints is not None:
+        allowed = constraints.allowed_mask(torch.zeros(logits.shape[0] // sampling.model_rows_per_sample,
+                                                       dtype=torch.long, device=logits.device), logits.shape[-1])
+    p = sampling.probs(logits, allowed)
     return rule(p.new_empty(p.shape[0], 0, dtype=torch.long), None, p[:, None], generator).next_tokens
 
 
 class _Run:
     """One call of :func:`decode` or :func:`decode_tree`: admits rows, commits, finishes them."""
 
-    def __init__(self, target, prefix, num_tokens, sampling, drafter, rule, generator, mode, progress):
+    def __init__(self, target, prefix, num_tokens, sampling, drafter, rule, generator, mode, progress,
+                 constraints: TokenConstraints | None = None):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        if constraints is not None and constraints.num_tokens != num_tokens:
+            raise ValueError(f"the constraints cover {constraints.num_tokens} positions, but {num_tokens} tokens "
+                             f"are to be generated")
+        self.constraints = constraints
         self.t0 = time.perf_counter()
         self.target, self.N, self.sampling, self.drafter = target, num_tokens, sampling, drafter
         self.rule, self.progress = rule, progress
@@ -267,11 +279,23 @@ class _Run:
         self.stats = DecodeStats(mode=mode, batch_size=total, num_tokens=num_tokens, target_forwards=1,
                                  slots=rows_in_model)
         every = torch.arange(rows_in_model, device=device)
-        self.rows.start(every, every, _first_tokens(rule, sampling, logits, self.rows.generator))
+        self.rows.start(every, every, _first_tokens(rule, sampling, logits, self.rows.generator, constraints))
+        self._count_first(rows_in_model)
         if drafter is not None:
             drafter.start(rows_in_model, num_tokens, sampling)
         self._report(torch.ones(rows_in_model, dtype=torch.long))
         self.finish_rows()
+
+    def _count_first(self, rows: int) -> None:
+        """Structural tokens among ``rows`` first tokens (position 0, from a prefill)."""
+        if self.constraints is not None and int(self.constraints.forced[0]) >= 0:
+            self.stats.structural_tokens += rows
+
+    def allowed(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The tokens each of ``positions`` (b, L) may take, or None without constraints."""
+        if self.constraints is None:
+            return None
+        return self.constraints.allowed_mask(positions, self.target.vocab_size)
 
     def _report(self, counts: torch.Tensor) -> None:
         if self.progress:
@@ -279,7 +303,10 @@ class _Run:
 
     def commit(self, candidates, accepted) -> torch.Tensor:
         """The shared commit step: tokens, acceptance map, statistics, cache, drafter."""
+        start = self.rows.n
         counts = self.rows.commit(candidates, accepted)
+        if self.constraints is not None:
+            self.stats.structural_tokens += self.constraints.count(start, counts)
         self.stats.accepted_lengths.extend(counts[counts > 0].tolist())  # finished rows kept idle commit 0
         self._report(counts)
         return counts
@@ -305,7 +332,8 @@ class _Run:
             new = torch.tensor(ids, dtype=torch.long, device=rows.req.device)
             gens = self.rows.all_generators
             gens = [gens[i] for i in ids] if isinstance(gens, (list, tuple)) else gens
-            rows.start(slots, new, _first_tokens(self.rule, self.sampling, logits, gens))
+            rows.start(slots, new, _first_tokens(self.rule, self.sampling, logits, gens, self.constraints))
+            self._count_first(len(slots))
             if self.drafter is not None:
                 self.drafter.reset(slots, ids)
             self._report(torch.ones(len(slots), dtype=torch.long))
@@ -337,12 +365,17 @@ class _Run:
         return self.tokens, self.stats
 
 
-def _window_drafts(window, rows: _Rows, drafter, search) -> int:
-    """Drafts this step: the fixed ``window - 1``, or the search's choice. Not shortened near the
-    end (rows there feed fillers), so a row's random draws depend on the window alone."""
+def _window_drafts(window, rows: _Rows, drafter, search, extra=None) -> tuple[int, bool]:
+    """Drafts this step and whether they get a sibling tree: the fixed ``window - 1`` (with a tree
+    whenever ``extra`` is given), or the search's choice (``extra(W)``: the nodes a tree adds to a
+    window of W). Not shortened near the end (rows there feed fillers), so a row's random draws
+    depend on the window alone."""
     if drafter is None:
-        return 0
-    return (window if search is None else search.window(len(rows) * rows.sampling.model_rows_per_sample)) - 1
+        return 0, False
+    if search is None:
+        return window - 1, extra is not None
+    w, tree = search.option(len(rows) * rows.sampling.model_rows_per_sample, extra=extra)
+    return w - 1, tree
 
 
 @torch.no_grad()
@@ -358,6 +391,9 @@ def decode(
     generator: Generator = None,
     mode: str = "",
     progress: Callable[[int], None] | None = None,
+    siblings: int = 1,
+    sibling_depth: int = 2,
+    constraints: TokenConstraints | None = None,
 ) -> tuple[torch.Tensor, DecodeStats]:
     """Generate ``num_tokens`` tokens per row. Returns ``(tokens (R, num_tokens), stats)``.
 
@@ -367,41 +403,91 @@ def decode(
     without a drafter. ``rule`` is any
     function of :mod:`visualspec.core.verify` (default: :func:`default_rule`). ``generator`` is one
     generator, or one per row (per request).
+
+    ``siblings`` K > 1 is proactive drafting (:mod:`visualspec.core.proactive`): the first
+    ``sibling_depth`` draft positions get K candidates each, fed as a tree (the target must be a
+    :class:`TreeTokenModel`) and verified exactly; it needs the lossless rule.
+
+    ``constraints`` (:class:`visualspec.core.constraints.TokenConstraints`) fixes structural tokens
+    at their positions and restricts the others to allowed tokens: forced positions are drafted
+    with their token and a point mass, so they are accepted with probability 1.
     """
     if isinstance(window, bool) or (isinstance(window, int) and window < 1):
         raise ValueError(f"window must be an integer >= 1 or a WindowPolicy, got {window!r}")
     if not isinstance(window, int) and not hasattr(window, "search"):
         raise ValueError(f"window must be an integer >= 1 or a WindowPolicy, got {window!r}")
+    for name, value in (("siblings", siblings), ("sibling_depth", sibling_depth)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "siblings" else 0):
+            raise ValueError(f"{name} must be an integer >= {1 if name == 'siblings' else 0}, got {value!r}")
+    tree = siblings > 1 and sibling_depth > 0 and drafter is not None
+    if tree and rule is not None and rule is not default_rule(sampling):
+        raise ValueError("proactive drafting (siblings > 1) is verified exactly; it takes the lossless rule only")
+    if tree and not hasattr(target, "forward_tree"):
+        raise TypeError(f"{type(target).__name__} has no forward_tree(); proactive drafting (siblings > 1) "
+                        f"needs a token model with tree attention")
     rule = rule or default_rule(sampling)
     run = _Run(target, prefix, num_tokens, sampling, drafter, rule, generator,
-               mode or ("ar" if drafter is None else type(drafter).__name__), progress)
+               mode or ("ar" if drafter is None else type(drafter).__name__), progress, constraints)
     search = None if isinstance(window, int) else window.search()  # fresh per call: its windows depend on it alone
+    extra = (lambda w: extra_nodes(min(sibling_depth, w - 1), siblings)) if tree else None
     rows = run.rows
     while run.live():
         rows = run.rows
-        k = _window_drafts(window, rows, drafter, search)
+        k, siblings_now = _window_drafts(window, rows, drafter, search, extra)
         gens = rows.generator
         if drafter is not None:
             drafts, draft_probs = drafter.propose(rows.seq, rows.n, k, gens)
             k = drafts.shape[1]  # a drafter may stop early (never draft more than k)
+            if constraints is not None:
+                drafts, draft_probs = constraints.force_drafts(drafts, draft_probs, rows.n[:, None] + torch.arange(
+                    k, device=drafts.device), target.vocab_size)
         else:
             drafts, draft_probs = rows.seq.new_empty(len(rows), 0), None
         last = rows.seq.gather(1, (rows.n - 1)[:, None])
-        logits = target.forward_window(rows.model(torch.cat([last, drafts], 1)), rows.model(rows.n - 1))
-        target_probs = sampling.probs(logits)  # (b, k+1, V)
-        run.step_done()
-        verdict = rule(drafts, draft_probs, target_probs, gens)
-        candidates = torch.cat([drafts, verdict.next_tokens[:, None]], 1)
-        candidates.scatter_(1, verdict.num_accepted[:, None], verdict.next_tokens[:, None])
         n = rows.n
+        if siblings_now and k > 0:
+            verdict, committed, target_probs, path = _sibling_step(target, sampling, rows, last, drafts, draft_probs,
+                                                                   siblings, min(sibling_depth, k), gens, run)
+        else:
+            logits = target.forward_window(rows.model(torch.cat([last, drafts], 1)), rows.model(n - 1))
+            target_probs = sampling.probs(logits, run.allowed(n[:, None] + torch.arange(k + 1, device=n.device)))
+            verdict, committed = rule(drafts, draft_probs, target_probs, gens), drafts
+        run.step_done()
+        candidates = torch.cat([committed, verdict.next_tokens[:, None]], 1)
+        candidates.scatter_(1, verdict.num_accepted[:, None], verdict.next_tokens[:, None])
         counts = run.commit(candidates, verdict.num_accepted)
         if search is not None:
-            search.observe(k + 1, verdict.num_accepted + 1)
-        target.crop(rows.model(n + counts - 1))  # the cache keeps x_{<n'-1}; x_{n'-1} is fed next
+            search.observe(k + 1, verdict.num_accepted + 1, tree=siblings_now)
+        if siblings_now and k > 0:  # keep the root and the accepted path: positions n-1 .. n+counts-2
+            run.stats.sibling_steps += int((path > k).any(1).sum())  # nodes past the chain are siblings
+            target.keep(rows.model(torch.cat([torch.zeros_like(n)[:, None], path], 1)), rows.model(counts))
+        else:
+            target.crop(rows.model(n + counts - 1))  # the cache keeps x_{<n'-1}; x_{n'-1} is fed next
         if drafter is not None:
             drafter.observe(n, counts, target_probs, gens)
         run.finish_rows()
     return run.result()
+
+
+def _sibling_step(target, sampling, rows, last, drafts, draft_probs, siblings, depth, gens, run):
+    """One proactive-drafting step: draw the siblings, score the tree in one forward, walk it.
+    Returns the verdict, the committed candidates (b, k), the target's distributions along the
+    chain (b, k+1, V) for the drafter, as a chain step would give them, and the accepted path's
+    nodes (b, k)."""
+    k = drafts.shape[1]
+    layout = sibling_layout(k, depth, siblings)
+    q = level_laws(drafts[:, :depth], None if draft_probs is None else draft_probs[:, :depth],
+                   target.vocab_size)
+    candidates = draw_siblings(drafts[:, :depth], q, siblings, gens)
+    choice = layout.choice.to(drafts.device)
+    levels = (layout.depths.to(drafts.device) - 1).clamp(min=0)
+    off_chain = candidates[:, levels.clamp(max=depth - 1), choice.clamp(min=0)]
+    flat = torch.cat([last, drafts, off_chain[:, k + 1:]], 1)
+    logits = target.forward_tree(rows.model(flat), layout.depths.to(drafts.device), layout.ancestors.to(drafts.device),
+                                 rows.model(rows.n - 1))
+    p = sampling.probs(logits, run.allowed(rows.n[:, None] + layout.depths.to(drafts.device)))  # (b, N, V)
+    verdict, committed, path = verify_sibling_tree(layout, candidates, q, drafts, draft_probs, p, gens)
+    return verdict, committed, p[:, :k + 1], path
 
 
 @torch.no_grad()

@@ -17,25 +17,37 @@ from typing import Any, Callable
 
 import torch
 
+from .constraints import TokenConstraints
 from .engine import TokenModel, decode
 from .sampling import SamplingConfig
 
 
 @torch.no_grad()
 def exact_sequence_distribution(model: TokenModel, make_prefix: Callable[[int], Any], num_tokens: int,
-                                sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+                                sampling: SamplingConfig, constraints: TokenConstraints | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """All V**N sequences (M, N) and their probabilities (M,) under ``sampling``.
 
     ``make_prefix(rows)`` returns the model prefix for ``rows`` copies of one condition (already
-    doubled as [cond; uncond] when ``sampling`` uses guidance).
+    doubled as [cond; uncond] when ``sampling`` uses guidance). With ``constraints`` only the
+    sequences they allow are listed (forced positions hold their token, the others run over the
+    allowed tokens), with the constrained law.
     """
     V = model.vocab_size
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=num_tokens)), dtype=torch.long)
+    if constraints is None:
+        choices = [range(V)] * num_tokens
+    else:
+        free = (constraints.allowed.nonzero()[:, 0].tolist() if constraints.allowed is not None else range(V))
+        choices = [[t] if t >= 0 else free for t in constraints.forced.tolist()]
+    seqs = torch.tensor(list(itertools.product(*choices)), dtype=torch.long)
     M = seqs.shape[0]
-    first = sampling.probs(model.prefill(make_prefix(M), num_tokens))  # (M, V)
+    positions = torch.arange(num_tokens).expand(M, num_tokens)
+    allowed = None if constraints is None else constraints.allowed_mask(positions, V)
+    first = sampling.probs(model.prefill(make_prefix(M), num_tokens), None if allowed is None else allowed[:, 0])
     logp = first.gather(1, seqs[:, :1]).log().squeeze(1)
     if num_tokens > 1:
-        rest = sampling.probs(model.forward_window(sampling.model_batch(seqs[:, :-1]), 0))  # (M, N-1, V)
+        rest = sampling.probs(model.forward_window(sampling.model_batch(seqs[:, :-1]), 0),
+                              None if allowed is None else allowed[:, 1:])  # (M, N-1, V)
         logp = logp + rest.gather(2, seqs[:, 1:, None]).log().squeeze(2).sum(1)
     return seqs, logp.exp()
 
@@ -57,16 +69,21 @@ def chi_square_fit(samples: torch.Tensor, seqs: torch.Tensor, probs: torch.Tenso
                    min_expected: float = 5.0) -> FitResult:
     """Pearson's chi-square test of sampled sequences (n, N) against exact probabilities.
 
-    A sample of a sequence of probability 0 (cut by top-k, top-p or the epsilon cut-off) fails the
-    fit outright, however few there are: pooling it with the small cells could hide it."""
+    A sample of a sequence of probability 0 (cut by top-k, top-p or the epsilon cut-off), or of one
+    ``seqs`` does not list (outside what constraints allow), fails the fit outright, however few
+    there are: pooling it with the small cells could hide it."""
     from scipy.stats import chi2 as chi2_dist
 
-    V = int(seqs.max()) + 1
+    V = max(int(seqs.max()), int(samples.max())) + 1
     weights = V ** torch.arange(seqs.shape[1] - 1, -1, -1)
     index = {int(code): i for i, code in enumerate((seqs * weights).sum(1))}
     observed = torch.zeros(len(probs), dtype=torch.float64)
+    unlisted = 0
     for code in (samples * weights).sum(1).tolist():
-        observed[index[code]] += 1
+        if code in index:
+            observed[index[code]] += 1
+        else:
+            unlisted += 1
     n = samples.shape[0]
     expected = probs.double() * n
     big = expected >= min_expected
@@ -78,7 +95,7 @@ def chi_square_fit(samples: torch.Tensor, seqs: torch.Tensor, probs: torch.Tenso
         exp[exp.argmin()] += expected[~big].sum()
     stat = float(((obs - exp) ** 2 / exp).sum())
     dof = len(exp) - 1
-    impossible = int(observed[probs == 0].sum())
+    impossible = int(observed[probs == 0].sum()) + unlisted
     return FitResult(stat, float(chi2_dist.isf(alpha, dof)), dof, n, impossible)
 
 

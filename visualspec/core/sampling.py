@@ -40,7 +40,8 @@ class SamplingConfig:
       distribution, so among the tokens the conditional model finds plausible guidance still
       favours those the condition makes likelier.
 
-    Order: guidance, epsilon cut-off, temperature, top-k, top-p.
+    Order: guidance, the allowed tokens (when :meth:`probs` is given them), epsilon cut-off,
+    temperature, top-k, top-p.
     """
 
     temperature: float = 1.0
@@ -88,11 +89,17 @@ class SamplingConfig:
         cond, uncond = logits.float().chunk(2, dim=0)
         return uncond + self.guidance_scale * (cond - uncond)
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits (2B or B, ..., V) -> probabilities (B, ..., V) in float32."""
+    def probs(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (2B or B, ..., V) -> probabilities (B, ..., V) in float32. ``allowed`` (B, ..., V)
+        bool keeps only those tokens, right after guidance (the epsilon cut-off then reads the
+        conditional logits with the same tokens kept); see :mod:`visualspec.core.constraints`."""
         guided = self.guide(logits).float()
+        if allowed is not None:
+            guided = guided.masked_fill(~allowed, float("-inf"))
         if self.epsilon_cutoff > 0:
             cond = logits.chunk(2, dim=0)[0] if self.uses_guidance else logits
+            if allowed is not None:
+                cond = cond.float().masked_fill(~allowed, float("-inf"))
             guided = filter_epsilon(guided, cond, self.epsilon_cutoff)
         if self.greedy:
             return torch.nn.functional.one_hot(guided.argmax(-1), guided.shape[-1]).float()

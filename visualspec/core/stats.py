@@ -41,6 +41,8 @@ class DecodeStats:
     residual_fallbacks: int = 0  # continuous tokens: residuals that ran out of proposals (a draw from p)
     drafts_proposed: int = 0  # continuous tokens: drafts the target scored (rows still decoding)
     drafts_accepted: int = 0  # continuous tokens: of those, the drafts kept
+    sibling_steps: int = 0  # proactive drafting: row-steps whose accepted path went through a sibling
+    structural_tokens: int = 0  # tokens fixed by the layout (row ends, end of image), never drafted freely
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -75,10 +77,11 @@ class DecodeStats:
 
     def to_dict(self) -> dict:
         """The counts and summaries as JSON-able values (the continuous-token counts only where a
-        draft was scored)."""
+        draft was scored, the sibling and structural counts only where there were any)."""
         skip = ("fixed_at", "accepted_lengths", "row_forwards")
         if not self.drafts_proposed:
             skip += CONTINUOUS_COUNTS
+        skip += tuple(name for name in ("sibling_steps", "structural_tokens") if not getattr(self, name))
         d = {k: v for k, v in asdict(self).items() if k not in skip}
         d.update(
             forwards_per_sequence=round(self.forwards_per_sequence, 3),

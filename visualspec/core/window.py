@@ -159,6 +159,21 @@ def choose_window(costs: Mapping[int, float], acceptance, max_window: int | None
     return best
 
 
+def interpolated_cost(costs: Mapping[int, float], tokens: int) -> float:
+    """The cost of a forward of ``tokens`` tokens from a table of window costs: linear between the
+    measured windows around it, and past the largest along the slope of its last two."""
+    windows = sorted(costs)
+    if tokens in costs:
+        return costs[tokens]
+    above = [w for w in windows if w > tokens]
+    hi = above[0] if above else windows[-1]
+    below = [w for w in windows if w < hi]
+    if not below:
+        return costs[hi]
+    lo = below[-1]
+    return costs[lo] + (costs[hi] - costs[lo]) * (tokens - lo) / (hi - lo)
+
+
 class WindowSearch:
     """The window of each step of one decode call, learned as the call goes.
 
@@ -169,7 +184,9 @@ class WindowSearch:
     ``argmax_W t(W) / c(W)`` (ties to the smaller W), except that every ``probe_every`` steps it
     tries the chosen window's neighbour in the table (alternately the next larger and the next
     smaller) for ``probe_steps`` steps, so the windows around the choice stay measured and the
-    search cannot stick where it started.
+    search cannot stick where it started. With sibling trees (:meth:`option`) each window is also
+    offered with its tree; probes then stay among windows of the chosen kind, and every third one
+    tries the other kind at the chosen window.
 
     Jacobi acceptance is not stationary in W: a larger window carries more predicted positions
     into the next step, so the first step after the window grew commits less than that window
@@ -194,31 +211,73 @@ class WindowSearch:
         self.probe: list[int] = []  # windows still to take in the current probe
         self.previous = None  # the window of the step before
 
-    def estimate(self, window: int) -> float:
-        """t(W): measured tokens per row-step with this window, else the prior's estimate."""
-        return self.tokens.get(window, expected_tokens(self.prior, window))
+    def estimate(self, option) -> float:
+        """t(W): measured tokens per row-step with this window (or tree option), else the prior's
+        estimate for its window."""
+        return self.tokens.get(option, expected_tokens(self.prior, _width(option)))
 
     def window(self, model_rows: int) -> int:
         """The window of the next step at ``model_rows`` model rows."""
+        return self.option(model_rows)[0]
+
+    def option(self, model_rows: int, extra=None) -> tuple[int, bool]:
+        """The next step's ``(W, tree)``. Without ``extra`` every option is a chain window. With
+        ``extra(W)``, the nodes a sibling tree adds to a window of W, each window W > 1 is also
+        offered with its tree, priced by the policy's tree table (a whole tree step measured:
+        forward, walk and cache moves) or else by :func:`interpolated_cost` of its forward alone,
+        and its tokens measured apart, so trees are taken only where their extra tokens pay for
+        their extra cost."""
         costs = self.policy.costs(model_rows)
-        windows = sorted(costs)
-        best = max(windows, key=lambda w: (self.estimate(w) / costs[w], -w))
+        options = dict(costs)
+        if extra is not None:
+            trees = self.policy.tree_costs(model_rows)
+            options.update({("tree", w): trees[w] if w in trees else interpolated_cost(costs, w + extra(w))
+                            for w in costs if extra(w) > 0})
+        order = sorted(options, key=lambda o: (_width(o), o != _width(o)))  # 1, 2, tree 2, 4, tree 4, ...
+        best = max(order, key=lambda o: (self.estimate(o) / options[o], -_width(o)))
         self.steps += 1
         if self.steps % self.probe_every == 0:
-            i = windows.index(best) + (1 if (self.steps // self.probe_every) % 2 else -1)
-            if 0 <= i < len(windows):
-                self.probe = [windows[i]] * self.probe_steps
-        return self.probe.pop(0) if self.probe else best
+            self.probe = [self._neighbour(best, order, self.steps // self.probe_every)] * self.probe_steps
+            self.probe = [o for o in self.probe if o is not None]
+        chosen = self.probe.pop(0) if self.probe else best
+        return _width(chosen), chosen != _width(chosen)
 
-    def observe(self, window: int, committed) -> None:
-        """A step with ``window`` committed ``committed`` (b,) tokens in its rows."""
+    @staticmethod
+    def _neighbour(best, order: list, turn: int):
+        """The option a probe tries: alternately the next larger and the next smaller window of the
+        same kind as ``best`` (chain or tree), and, when trees are offered, every third probe the
+        other kind at the same window. None when there is no such option."""
+        tree = best != _width(best)
+        kinds = {o != _width(o) for o in order}
+        if len(kinds) > 1 and turn % 3 == 0:
+            other = ("tree", best) if not tree else _width(best)
+            return other if other in order else None
+        same = [o for o in order if (o != _width(o)) == tree]
+        i = same.index(best) + (1 if turn % 2 else -1)
+        return same[i] if 0 <= i < len(same) else None
+
+    def observe(self, window: int, committed, tree: bool = False) -> None:
+        """A step with ``window`` (and a sibling tree when ``tree``) committed ``committed`` (b,)
+        tokens in its rows."""
         cold, self.previous = self.previous is not None and window > self.previous, window
         if cold:  # the window just grew: its carried drafts are not warm yet
             return
+        key = ("tree", window) if tree else window
         mean = float(torch.as_tensor(committed, dtype=torch.float64).mean())
-        n = self.seen[window] = self.seen.get(window, 0) + 1
-        old = self.tokens.get(window, mean)
-        self.tokens[window] = old + max(1.0 / n, self.rate) * (mean - old)
+        n = self.seen[key] = self.seen.get(key, 0) + 1
+        old = self.tokens.get(key, mean)
+        self.tokens[key] = old + max(1.0 / n, self.rate) * (mean - old)
+
+
+def _width(option) -> int:
+    """The window of a search option: W, or ("tree", W)."""
+    return option[1] if isinstance(option, tuple) else option
+
+
+def _nearest(tables: Mapping[int, dict], model_rows: int) -> dict:
+    """The table of the nearest measured batch at or above ``model_rows``, else the largest."""
+    above = [r for r in tables if r >= model_rows]
+    return tables[min(above) if above else max(tables)]
 
 
 class WindowPolicy:
@@ -229,10 +288,12 @@ class WindowPolicy:
     A user-fixed window simply does not use a policy.
     """
 
-    def __init__(self, tables: Mapping[int, Mapping[int, float]]):
+    def __init__(self, tables: Mapping[int, Mapping[int, float]],
+                 tree_tables: Mapping[int, Mapping[int, float]] | None = None):
         if not tables:
             raise ValueError("a window policy needs at least one cost table")
         self.tables = {int(r): {int(w): float(c) for w, c in t.items()} for r, t in tables.items()}
+        self.tree_tables = {int(r): {int(w): float(c) for w, c in t.items()} for r, t in (tree_tables or {}).items()}
         for rows, costs in self.tables.items():
             if 1 not in costs:
                 raise ValueError(f"the cost table for {rows} rows lacks W = 1 (plain AR)")
@@ -247,8 +308,11 @@ class WindowPolicy:
 
     def costs(self, model_rows: int) -> dict[int, float]:
         """The cost table used at ``model_rows`` rows."""
-        above = [r for r in self.tables if r >= model_rows]
-        return self.tables[min(above) if above else max(self.tables)]
+        return _nearest(self.tables, model_rows)
+
+    def tree_costs(self, model_rows: int) -> dict[int, float]:
+        """The sibling-tree step costs used at ``model_rows`` rows (empty when none were measured)."""
+        return _nearest(self.tree_tables, model_rows) if self.tree_tables else {}
 
     def search(self, **kwargs) -> WindowSearch:
         """A fresh :class:`WindowSearch` over these tables, for one decode call."""
@@ -269,19 +333,24 @@ def prefix_rows(prefix: Any) -> int:
 
 
 def machine_name(device: torch.device | str = "cpu") -> str:
-    """The accelerator's name, or the CPU's model name (``/proc/cpuinfo``), else
-    ``platform.processor()`` or ``platform.machine()``."""
+    """The accelerator's name; for a CPU its model name (``/proc/cpuinfo``, else
+    ``platform.processor()`` or ``platform.machine()``) with the vector instructions torch uses on
+    it and its core count. Virtual machines often report one model name ("AMD EPYC") for CPUs of
+    different generations, whose window costs differ: the instruction set tells them apart."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
+    name = None
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                    name = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    name = name or platform.processor() or platform.machine() or "unknown"
+    return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
 
 
 def _modules(model) -> list[Any]:
@@ -356,19 +425,23 @@ def _write_tables(path: Path, tables: Mapping[str, Mapping[int, float]]) -> None
 
 
 def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
-                        cache_dir: str | os.PathLike | None = None, repeats: int = 5) -> dict[int, float]:
+                        cache_dir: str | os.PathLike | None = None, repeats: int = 5,
+                        forward: Callable | None = None, tag: str | None = None) -> dict[int, float]:
     """:func:`measure_window_costs`, kept in ``window_costs.json`` (:func:`cache_path`) under the
-    key :func:`cost_signature`. A stored table that holds every wanted W is returned without
-    measuring; otherwise all wanted W are measured together (one consistent table), and the file
-    is rewritten atomically. A corrupt file is ignored and replaced; a failed write only warns.
+    key :func:`cost_signature` (with ``|tag`` appended when given: a table of another step, timed
+    through ``forward``, such as a sibling tree's). A stored table that holds every wanted W is
+    returned without measuring; otherwise all wanted W are measured together (one consistent
+    table), and the file is rewritten atomically. A corrupt file is ignored and replaced; a failed
+    write only warns.
     """
     wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
     path = cache_path(cache_dir)
-    key = cost_signature(model, prefix_rows(prefix), max_new_tokens)
+    key = cost_signature(model, prefix_rows(prefix), max_new_tokens) + (f"|{tag}" if tag else "")
     stored = _read_tables(path).get(key, {})
     if wanted and all(w in stored for w in wanted):
         return {w: stored[w] for w in wanted}
-    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats)
+    timed = {} if forward is None else {"forward": forward}
+    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, **timed)
     tables = _read_tables(path)  # again: another process may have written meanwhile
     tables[key] = {**tables.get(key, {}), **measured}
     try:

@@ -33,6 +33,8 @@ MODES = {
     "ar": dict(decoding="ar"),
     "sjd": dict(decoding="sjd", coupling=False),
     "sjd+coupling": dict(decoding="sjd", coupling=True),
+    "sjd+pd": dict(decoding="sjd", coupling=False, siblings=3, sibling_depth=2),
+    "sjd+coupling+pd": dict(decoding="sjd", coupling=True, siblings=3, sibling_depth=2),
     "lantern": dict(decoding="lantern"),
     "gsd": dict(decoding="gsd"),
     "speculative": dict(decoding="speculative"),
@@ -47,7 +49,8 @@ CONTINUOUS_MODES = {  # continuous-token models
 
 
 def mode_kwargs(mode: str, continuous: bool = False) -> dict:
-    """Pipeline arguments of a benchmark mode. Token models: a decoding, optionally ``+coupling``.
+    """Pipeline arguments of a benchmark mode. Token models: a decoding, optionally ``+coupling``
+    and ``+pd`` (proactive drafting: 3 candidates at the first 2 draft positions).
     Continuous-token models: ``ar``, ``cspd`` or ``cspd+flat``, each optionally ``@N`` for N
     diffusion-head steps per token (``ar@25``: the fewer-steps baseline)."""
     if continuous:
@@ -58,10 +61,13 @@ def mode_kwargs(mode: str, continuous: bool = False) -> dict:
                          f"{sorted(CONTINUOUS_MODES)}, each optionally @STEPS")
     if mode in MODES:
         return dict(MODES[mode])
-    decoding, _, extra = mode.partition("+")
-    if decoding in MODES and extra == "coupling":
-        return {**MODES[decoding], "coupling": True}
-    raise ValueError(f"unknown benchmark mode {mode!r}; choose from {sorted(MODES)} (or DECODING+coupling)")
+    decoding, *extras = mode.split("+")
+    if decoding in MODES and extras and set(extras) <= {"coupling", "pd"} and len(set(extras)) == len(extras):
+        pd = MODES["sjd+pd"] if "pd" in extras else {}
+        return {**MODES[decoding], **({"coupling": True} if "coupling" in extras else {}),
+                **{k: v for k, v in pd.items() if k.startswith("sibling")}}
+    raise ValueError(f"unknown benchmark mode {mode!r}; choose from {sorted(MODES)} (or DECODING+coupling, "
+                     f"DECODING+pd)")
 
 
 def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: int = 4, seed: int = 0,

@@ -57,14 +57,15 @@ def tiny_random_folder() -> str:
 def load_pipeline(model: str | None, draft_model: str | None = None):
     """The image pipeline in ``model`` (default: the shipped one), with the draft model of
     ``draft_model`` (a LlamaGen GPT folder, or a pipeline folder whose transformer drafts)."""
-    from ..pipelines import ContinuousARPipeline, LlamaGenPipeline, MARPipeline, VisualSpecPipeline
+    from ..pipelines import (ContinuousARPipeline, LlamaGenPipeline, MARPipeline, UnifiedARPipeline,
+                             VisualSpecPipeline)
 
     folder, description = (model, model) if model else default_model()
     print(f"model: {description}", file=sys.stderr)
     pipe = VisualSpecPipeline.from_pretrained(folder)
-    if draft_model and isinstance(pipe, (MARPipeline, ContinuousARPipeline)):
-        raise SystemExit("error: --draft-model is for LlamaGen folders; a continuous-token folder holds its own draft")
-    if not isinstance(pipe, (LlamaGenPipeline, MARPipeline, ContinuousARPipeline)):
+    if draft_model and isinstance(pipe, (MARPipeline, ContinuousARPipeline, UnifiedARPipeline)):
+        raise SystemExit("error: --draft-model is for LlamaGen folders")
+    if not isinstance(pipe, (LlamaGenPipeline, MARPipeline, ContinuousARPipeline, UnifiedARPipeline)):
         raise SystemExit(f"error: {folder} holds a {type(pipe).__name__}, not an image pipeline"
                          + (" (a video model: use `visualspec video --model`)" if hasattr(pipe, "interactive") else ""))
     if draft_model:
@@ -123,6 +124,10 @@ def _decode_kwargs(args) -> dict:
         kw["coupling"] = args.coupling == "on"
     if args.gsd_group_size is not None:
         kw["gsd_group_size"] = args.gsd_group_size
+    if args.siblings is not None:
+        kw["siblings"] = args.siblings
+    if args.sibling_depth is not None:
+        kw["sibling_depth"] = args.sibling_depth
     if args.lantern_k is not None:
         kw["lantern_k"] = args.lantern_k
     if args.lantern_delta is not None:
@@ -136,6 +141,7 @@ def _continuous_kwargs(args, mar: bool) -> dict:
     refused = {"--top-k": args.top_k, "--top-p": None if args.top_p == 1.0 else args.top_p,
                "--epsilon-cutoff": args.epsilon_cutoff, "--window": None if args.window == "auto" else args.window,
                "--coupling": args.coupling, "--gsd-group-size": args.gsd_group_size,
+               "--siblings": args.siblings, "--sibling-depth": args.sibling_depth,
                "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta}
     own_of = lambda name: getattr(args, name, None)  # noqa: E731 (batch has no MAR options)
     refused.update({"--gamma": own_of("gamma"), "--prefill": own_of("prefill"), "--num-steps": own_of("num_steps")}
@@ -159,6 +165,24 @@ def _continuous_kwargs(args, mar: bool) -> dict:
     return kw
 
 
+def _unified_kwargs(args) -> dict:
+    """The options of a unified-vocabulary pipeline (Lumina-mGPT's layout) from the command line;
+    the options it does not have are refused by name."""
+    refused = {"--class-label": args.class_label, "--epsilon-cutoff": args.epsilon_cutoff,
+               "--gsd-group-size": args.gsd_group_size, "--lantern-k": args.lantern_k,
+               "--lantern-delta": args.lantern_delta, "--siblings": args.siblings,
+               "--sibling-depth": args.sibling_depth, "--acceptance-map": getattr(args, "acceptance_map", None)}
+    given = [name for name, value in refused.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not built for unified-vocabulary "
+                         f"models (Lumina-mGPT's layout) yet")
+    kw = dict(decoding=args.decoding or "sjd", guidance_scale=args.guidance_scale, temperature=args.temperature,
+              top_k=args.top_k, top_p=args.top_p, window=args.window, jacobi_init=args.jacobi_init)
+    if args.coupling is not None:
+        kw["coupling"] = args.coupling == "on"
+    return kw
+
+
 def cmd_generate(args) -> int:
     check_image_path(args.output)
     if args.acceptance_map:
@@ -167,9 +191,14 @@ def cmd_generate(args) -> int:
         raise SystemExit("error: --decoding speculative needs --draft-model FOLDER (a smaller LlamaGen of the same "
                          "vocabulary), or use --decoding sjd")
     pipe = load_pipeline(args.model, args.draft_model)
-    from ..pipelines import ContinuousARPipeline, MARPipeline
+    from ..pipelines import ContinuousARPipeline, MARPipeline, UnifiedARPipeline
 
-    if isinstance(pipe, (MARPipeline, ContinuousARPipeline)):  # continuous tokens: their own options
+    if isinstance(pipe, UnifiedARPipeline):
+        kwargs = _unified_kwargs(args)
+        if not args.prompt:
+            raise SystemExit("error: give a prompt")
+        out = pipe(args.prompt, seed=args.seed, num_images_per_prompt=args.num_images, **kwargs)
+    elif isinstance(pipe, (MARPipeline, ContinuousARPipeline)):  # continuous tokens: their own options
         mar = isinstance(pipe, MARPipeline)
         if args.acceptance_map and mar:
             raise ValueError("--acceptance-map is for the raster-order pipelines; MAR's masked sampler has none")
@@ -216,6 +245,11 @@ def cmd_bench(args) -> int:
     from .bench import run_benchmark
 
     pipe = load_pipeline(args.model, args.draft_model)
+    from ..pipelines import UnifiedARPipeline
+
+    if isinstance(pipe, UnifiedARPipeline):
+        raise ValueError("bench does not take unified-vocabulary folders (Lumina-mGPT's layout) yet; time one with "
+                         "generate --stats")
     pipe.to(_device(args.device))
     prompts, scorer = args.prompt or None, None
     if args.quality:
@@ -236,6 +270,9 @@ def cmd_bench(args) -> int:
     else:
         kwargs = _decode_kwargs(args)
         kwargs.pop("coupling", None)  # a mode of its own: sjd+coupling
+        if "siblings" in kwargs or "sibling_depth" in kwargs:
+            raise SystemExit("error: bench runs proactive drafting as modes of their own (sjd+pd, sjd+coupling+pd: "
+                             "3 candidates at the first 2 draft positions); --siblings is for generate and batch")
     kwargs.pop("decoding", None)  # each mode sets its own
     modes = args.modes or ("ar,cspd,cspd+flat" if continuous else "ar,sjd,sjd+coupling,lantern,gsd")
     results = []
@@ -285,6 +322,10 @@ def cmd_batch(args) -> int:
     with context as (rank, world_size):
         with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
             pipe = load_pipeline(args.model, args.draft_model)
+        from ..pipelines import UnifiedARPipeline
+
+        if isinstance(pipe, UnifiedARPipeline):
+            raise ValueError("batch does not take unified-vocabulary folders (Lumina-mGPT's layout) yet; use generate")
         check_prompts(pipe, [(f"{args.prompts}, line {number}", meta) for number, meta in lines])
         pipe.to(_device(args.device))
         from ..pipelines import ContinuousARPipeline, MARPipeline
@@ -552,6 +593,11 @@ def _add_decoding_args(p):
     p.add_argument("--coupling", choices=("on", "off"), default=None,
                    help="coupled Jacobi drafts (lossless; default: the model's own)")
     p.add_argument("--gsd-group-size", type=int, default=None, help="GSD group half-width (default: the model's own)")
+    p.add_argument("--siblings", type=int, default=None,
+                   help="proactive drafting: candidates at each of the first --sibling-depth draft positions, scored "
+                        "as a tree (lossless; sjd and speculative; 1 = off; default: the model's own)")
+    p.add_argument("--sibling-depth", type=int, default=None, help="draft positions with siblings (default: the "
+                   "model's own)")
     p.add_argument("--jacobi-init", default=None, choices=JACOBI_INITS,
                    help="how SJD/LANTERN fill fresh window positions (default: the model's own)")
     p.add_argument("--lantern-k", type=int, default=None, help="default: the model's own")
@@ -600,8 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", parents=[common], help="AR vs SJD vs LANTERN, side by side in one run")
     b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
     b.add_argument("--modes", default=None,
-                   help="comma-separated; token models: ar, sjd, sjd+coupling, lantern, gsd, speculative (default: "
-                        "all but speculative); continuous-token models: ar, cspd, cspd+flat, each optionally @STEPS "
+                   help="comma-separated; token models: ar, sjd, sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, "
+                        "gsd, speculative (default: ar, sjd, sjd+coupling, lantern, gsd); continuous-token models: ar, cspd, cspd+flat, each optionally @STEPS "
                         "for that many diffusion-head steps (default: ar,cspd,cspd+flat)")
     b.add_argument("--gamma", type=int, default=None, help="continuous tokens: drafts per step (default: the folder's)")
     b.add_argument("--prefill", type=float, default=None,

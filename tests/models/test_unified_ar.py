@@ -1,0 +1,147 @@
+"""Unified-vocabulary image generation on transformers' Chameleon (tiny, built offline): the
+Lumina-mGPT layout, structural tokens forced inside Jacobi windows, greedy SJD against greedy AR,
+and the exact law by chi-square with guidance, with a control that drops the constraints."""
+
+import pytest
+import torch
+
+from visualspec.core import engine
+from visualspec.core.engine import decode
+from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
+from visualspec.core.sampling import SamplingConfig
+from visualspec.drafters import JacobiDrafter
+from visualspec.models.unified_ar import ImageLayout, UnifiedImageLM, chameleon_layout
+
+BOS, PAD, SEP = 1, 3, 24
+START, ROW_END, END = 21, 26, 22
+
+
+def code_name(c):
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(c)) + "Z"
+
+
+def tiny_vocabulary():
+    vocab = {"<unk>": 0, "<s>": BOS, "</s>": 2, "<pad>": PAD}
+    vocab.update({code_name(c): 4 + c for c in range(16)})  # codes 0..15 are tokens 4..19
+    vocab.update({"<image>": 20, "<racm3:break>": START, "<eoss>": END, "<reserved08800>": 23,
+                  "<reserved08706>": SEP, "<reserved08801>": 25, "<reserved08799>": ROW_END,
+                  "<reserved08802>": 27})
+    vocab.update({f"w{i}": i for i in range(28, 64)})
+    return vocab
+
+
+def tiny_chameleon(seed=0):
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = ChameleonConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                             vocabulary_map=tiny_vocabulary(), pad_token_id=PAD, bos_token_id=BOS,
+                             vq_config=dict(embed_dim=8, num_embeddings=16, latent_channels=32, base_channels=32,
+                                            channel_multiplier=[1, 2], num_res_blocks=1, resolution=32,
+                                            attn_resolutions=[]))
+    model = ChameleonForConditionalGeneration(config)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model.double().eval()
+
+
+def prefix(layout, rows, guided, prompt=(BOS, 30, 31, SEP)):
+    """The prompt then the image opening; under guidance the unconditional rows hold the opening
+    alone (Lumina's image-only context), left-padded."""
+    cond = torch.tensor([list(prompt) + list(layout.opening)] * rows)
+    if not guided:
+        return cond, torch.ones_like(cond)
+    uncond = torch.full_like(cond, PAD)
+    uncond[:, -len(layout.opening):] = torch.tensor(layout.opening)
+    mask = torch.cat([torch.ones_like(cond), (uncond != PAD).long()])
+    return torch.cat([cond, uncond]), mask
+
+
+def test_the_layout_places_row_ends_and_the_end():
+    layout = ImageLayout(tuple(range(4, 20)), height=2, width=3, row_end=ROW_END, end=END)
+    assert layout.num_tokens == 9 and layout.row_length == 4
+    assert layout.forced().tolist() == [-1, -1, -1, ROW_END, -1, -1, -1, ROW_END, END]
+    tokens = torch.tensor([[4, 5, 6, ROW_END, 19, 18, 17, ROW_END, END]])
+    assert layout.codes(tokens).tolist() == [[[0, 1, 2], [15, 14, 13]]]
+    with pytest.raises(ValueError, match="not an image code"):
+        layout.codes(torch.tensor([[4, 5, 30, ROW_END, 19, 18, 17, ROW_END, END]]))
+    with pytest.raises(ValueError, match="height in codes"):
+        ImageLayout((4,), height=0, width=3)
+    with pytest.raises(ValueError, match="also an image code"):
+        ImageLayout((4, ROW_END), height=1, width=1, row_end=ROW_END)
+    janus = ImageLayout((4, 5), height=2, width=2)  # no row ends, no end token
+    assert janus.num_tokens == 4 and janus.forced().tolist() == [-1] * 4
+
+
+def test_the_chameleon_layout_comes_from_the_vocabulary():
+    layout = chameleon_layout(tiny_vocabulary(), height=2, width=2)
+    assert layout.code_tokens == tuple(range(4, 20))
+    assert layout.opening == (START, 25, 25) and layout.row_end == ROW_END and layout.end == END
+    vocab = tiny_vocabulary()
+    del vocab["<reserved08799>"]
+    with pytest.raises(ValueError, match="no <reserved08799> token"):
+        chameleon_layout(vocab, 2, 2)
+    with pytest.raises(ValueError, match="32-pixel cells"):
+        chameleon_layout(tiny_vocabulary(), 3, 2)
+
+
+def test_the_adapter_reads_the_image_logits_transformers_masks():
+    model = tiny_chameleon()
+    ids = torch.tensor([[BOS, 30, START]])
+    own = model(input_ids=ids).logits[0, -1, 4:20]
+    assert bool((own < -1e30).all())  # transformers' Chameleon never emits an image token
+    raw = UnifiedImageLM(model).prefill(ids, 4)[0, 4:20]
+    assert bool(torch.isfinite(raw).all()) and raw.std() > 0
+
+
+@pytest.mark.parametrize("guided", [False, True], ids=["plain", "guided"])
+def test_greedy_sjd_equals_greedy_ar_across_row_ends(guided):
+    model = UnifiedImageLM(tiny_chameleon(seed=1))
+    layout = chameleon_layout(tiny_vocabulary(), height=4, width=4)
+    sampling = SamplingConfig(temperature=0, guidance_scale=3.0 if guided else 1.0)
+    constraints = layout.constraints(model.vocab_size)
+    ar, ar_stats = decode(model, prefix(layout, 2, guided), layout.num_tokens, sampling, constraints=constraints)
+    sjd, stats = decode(model, prefix(layout, 2, guided), layout.num_tokens, sampling, constraints=constraints,
+                        drafter=JacobiDrafter(64, "repeat_above", grid_width=layout.row_length), window=8)
+    assert torch.equal(ar, sjd)
+    assert layout.codes(sjd).shape == (2, 4, 4)  # every code position holds a code, every row end its token
+    assert stats.structural_tokens == ar_stats.structural_tokens == 2 * (4 + 1)
+    assert stats.target_forwards < ar_stats.target_forwards
+
+
+N_CODES = 4  # codes 0..3 only, so the 4 code positions of a 2x2 image have 256 sequences
+GUIDED = SamplingConfig(guidance_scale=2.0, temperature=0.9)
+
+
+def small_layout():
+    return ImageLayout(tuple(range(4, 4 + N_CODES)), height=2, width=2, row_end=ROW_END, end=END,
+                       opening=(START,))
+
+
+def constrained_fit(model, layout, samples=20000):
+    constraints = layout.constraints(model.vocab_size)
+    make = lambda rows: prefix(layout, rows, True)  # noqa: E731
+    drafter = lambda rows: JacobiDrafter(64, "repeat_above", grid_width=layout.row_length)  # noqa: E731
+    _, stats = decode(model, make(64), layout.num_tokens, GUIDED, drafter=drafter(64), window=4,
+                      constraints=constraints, generator=torch.Generator().manual_seed(0))
+    assert stats.row_forwards.unique().numel() > 1, "every row accepted alike: not a ragged batch"
+    seqs, probs = exact_sequence_distribution(model, make, layout.num_tokens, GUIDED, constraints)
+    assert len(seqs) == N_CODES ** 4
+    drawn = sample_sequences(model, make, layout.num_tokens, GUIDED, samples, window=4, constraints=constraints,
+                             drafter_factory=drafter)
+    return chi_square_fit(drawn, seqs, probs)
+
+
+def test_sjd_with_structural_tokens_and_guidance_is_lossless():
+    """Windows of 4 run across the row ends and the end token (3 of 7 positions are structural)."""
+    fit = constrained_fit(UnifiedImageLM(tiny_chameleon(seed=2)), small_layout())
+    assert fit.passed, fit
+
+
+def test_the_harness_catches_windows_that_forget_the_constraints(monkeypatch):
+    """Control: verification inside windows without the constraints (the first token keeps them)
+    draws tokens the layout does not allow, and the fit fails."""
+    monkeypatch.setattr(engine._Run, "allowed", lambda self, positions: None)
+    fit = constrained_fit(UnifiedImageLM(tiny_chameleon(seed=2)), small_layout(), samples=4000)
+    assert not fit.passed, fit

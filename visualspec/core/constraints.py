@@ -1,0 +1,86 @@
+"""Structural tokens: positions whose token is fixed by the sequence's layout, and the tokens the
+other positions may take.
+
+Unified-vocabulary image generators (Lumina-mGPT, Chameleon, Emu3) lay an image out as rows of
+image codes, each ending in a row-end token, then an end-of-image token; their vocabulary also
+holds text. The layout fixes the row ends and the end, and the codes come from the image part of
+the vocabulary only. :class:`TokenConstraints` says both for the generated positions 0..N-1:
+
+- a **forced** position takes its token with probability 1. The engine never drafts it (a draft
+  there is replaced by the forced token with a point-mass q), its target law is the same point
+  mass, so the rule accepts it with probability 1 (it cannot end a step's accepted run), and it is
+  counted apart in the statistics (``DecodeStats.structural_tokens``);
+- a **free** position samples from the model's distribution restricted to ``allowed`` tokens,
+  applied to the guided logits before the epsilon cut-off, temperature, top-k and top-p (the order
+  of Lumina-mGPT's logits processors: guidance, then the image-token mask, then top-k).
+
+Forced positions stay inside a Jacobi window like any other: SJD's window runs across row ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenConstraints:
+    """``forced`` (N,) long: the token of each generated position, -1 where the model samples;
+    ``allowed`` (V,) bool or None: the tokens a sampled position may take (None: every token)."""
+
+    forced: torch.Tensor
+    allowed: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.forced.ndim != 1 or self.forced.dtype != torch.long:
+            raise ValueError(f"forced must be a 1-D long tensor of token ids (-1 = sampled), got "
+                             f"{tuple(self.forced.shape)} {self.forced.dtype}")
+        if self.allowed is not None:
+            if self.allowed.ndim != 1 or self.allowed.dtype != torch.bool or not bool(self.allowed.any()):
+                raise ValueError("allowed must be a 1-D bool tensor over the vocabulary with at least one True")
+            if bool((self.forced >= self.allowed.shape[0]).any()):
+                raise ValueError(f"a forced token lies outside the vocabulary of {self.allowed.shape[0]}")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.forced.shape[0])
+
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """The forced token at each of ``positions`` (any shape; positions past the end count as
+        free filler positions), -1 where the model samples."""
+        inside = positions < self.num_tokens
+        forced = self.forced.to(positions.device)[positions.clamp(0, self.num_tokens - 1)]
+        return torch.where(inside, forced, torch.full_like(forced, -1))
+
+    def allowed_mask(self, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """(…, V) bool: the tokens each of ``positions`` may take (just its token where forced)."""
+        forced = self.at(positions)
+        free = (self.allowed.to(positions.device) if self.allowed is not None
+                else torch.ones(vocab_size, dtype=torch.bool, device=positions.device))
+        mask = free.expand(*positions.shape, vocab_size).clone()
+        pinned = forced >= 0
+        if bool(pinned.any()):
+            mask[pinned] = False
+            mask[pinned, forced[pinned]] = True
+        return mask
+
+    def force_drafts(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, positions: torch.Tensor,
+                     vocab_size: int):
+        """Put each forced position's token in ``drafts`` (B, K) at ``positions`` (B, K), with a point
+        mass as its draft law; other drafts are left as they are."""
+        forced = self.at(positions)
+        pinned = forced >= 0
+        if not bool(pinned.any()):
+            return drafts, draft_probs
+        drafts = torch.where(pinned, forced, drafts)
+        if draft_probs is not None:
+            one_hot = torch.nn.functional.one_hot(drafts, vocab_size).to(draft_probs.dtype)
+            draft_probs = torch.where(pinned[..., None], one_hot, draft_probs)
+        return drafts, draft_probs
+
+    def count(self, start: torch.Tensor, counts: torch.Tensor) -> int:
+        """Forced positions among each row's committed positions ``start[b] .. start[b] + counts[b] - 1``."""
+        pinned = torch.cat([torch.zeros(1, dtype=torch.long), (self.forced >= 0).long().cumsum(0)]).to(start.device)
+        end = (start + counts).clamp(max=self.num_tokens)
+        return int((pinned[end] - pinned[start.clamp(max=self.num_tokens)]).sum())
