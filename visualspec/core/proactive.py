@@ -52,8 +52,8 @@ class SiblingLayout:
 
     - ``depths`` (N,): node i sits at position ``n - 1 + depths[i]``;
     - ``ancestors`` (N, N) bool: node i attends to node j iff j is i or an ancestor of i;
-    - ``level`` and ``choice`` (N,): a tree node's level and the candidate index it holds (chain
-      nodes past the tree: level = depth, choice -1);
+    - ``choice`` (N,): the candidate index a tree node holds (-1 for the root and for chain nodes
+      past the tree);
     - ``children`` (N, K): node index of each child of a node above the last level (-1 elsewhere).
     """
 
