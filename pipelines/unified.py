@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import torch
 
+from functools import partial
+
 from visualspec.core.engine import decode
 from visualspec.core.sampling import SamplingConfig, make_generator
+from visualspec.core.verify import lantern_verify
 from visualspec.drafters import INIT_SCHEMES, JacobiDrafter
 
+from ..models.llamagen_vq import nearest_codes
 from ..models.unified_ar import UnifiedImageLM, chameleon_layout
 from .base import VisualSpecPipeline, register_pipeline
 from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput
 
-UNIFIED_DECODING_MODES = ("ar", "sjd")
+UNIFIED_DECODING_MODES = ("ar", "sjd", "lantern")
 
 
 @register_pipeline
@@ -42,13 +46,15 @@ class UnifiedARPipeline(VisualSpecPipeline):
     def __init__(self, transformer, tokenizer, vq_model, image_height: int = 16, image_width: int = 16,
                  prompt_template: str = "{prompt}", separator: str | None = "<reserved08706>",
                  grid_tokens: bool = True, default_guidance_scale: float = 3.0, default_top_k: int = 0,
-                 default_jacobi_init: str = "repeat_above"):
+                 default_jacobi_init: str = "repeat_above", default_lantern_k: int = 16,
+                 default_lantern_delta: float = 0.05):
         super().__init__()
         self.register_modules(transformer=transformer, tokenizer=tokenizer, vq_model=vq_model)
         self.register_to_config(image_height=image_height, image_width=image_width, prompt_template=prompt_template,
                                 separator=separator, grid_tokens=grid_tokens,
                                 default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
-                                default_jacobi_init=default_jacobi_init)
+                                default_jacobi_init=default_jacobi_init, default_lantern_k=default_lantern_k,
+                                default_lantern_delta=default_lantern_delta)
 
     @property
     def layout(self):
@@ -56,7 +62,22 @@ class UnifiedARPipeline(VisualSpecPipeline):
         return chameleon_layout(self.transformer.config.vocabulary_map, self.config.image_height,
                                 self.config.image_width, self.config.grid_tokens)
 
-    def check_inputs(self, prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt) -> None:
+    def neighbour_table(self, k: int) -> torch.Tensor:
+        """LANTERN's neighbourhoods in token ids (V, k): each image code's k nearest codes in the
+        image tokenizer's codebook; every other token is its own (and so absorbs nothing)."""
+        layout, V = self.layout, self.transformer.config.vocab_size
+        codebook = self.vq_model.quantize.embedding.weight.detach().float()
+        if codebook.shape[0] != len(layout.code_tokens):
+            raise ValueError(f"the image tokenizer has {codebook.shape[0]} codes, the vocabulary "
+                             f"{len(layout.code_tokens)} image code tokens")
+        near = nearest_codes(codebook, k, l2_normalize=bool(self.vq_model.config.codebook_l2_norm))
+        tokens = torch.tensor(layout.code_tokens)
+        table = torch.arange(V)[:, None].repeat(1, k)
+        table[tokens] = tokens[near.long()]
+        return table.to(self.device)
+
+    def check_inputs(self, prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt,
+                     lantern_k=16, lantern_delta=0.05) -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         if decoding not in UNIFIED_DECODING_MODES:
             raise ValueError(f"unknown decoding mode {decoding!r} for a unified-vocabulary model; choose one of "
@@ -67,6 +88,11 @@ class UnifiedARPipeline(VisualSpecPipeline):
             raise ValueError(f"window must be an integer >= 1 or 'auto', got {window!r}")
         if jacobi_init not in INIT_SCHEMES:
             raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
+        if decoding == "lantern":
+            if not 0 <= lantern_delta <= 1:
+                raise ValueError(f"lantern_delta must be in [0, 1], got {lantern_delta!r}")
+            if not isinstance(lantern_k, int) or isinstance(lantern_k, bool) or lantern_k < 1:
+                raise ValueError(f"lantern_k must be an integer >= 1, got {lantern_k!r}")
         if not isinstance(num_images_per_prompt, int) or isinstance(num_images_per_prompt, bool) or \
                 num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
@@ -102,14 +128,19 @@ class UnifiedARPipeline(VisualSpecPipeline):
     def __call__(self, prompt, *, decoding: str = "sjd", num_images_per_prompt: int = 1,
                  guidance_scale: float | None = None, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, window="auto", jacobi_init: str | None = None, coupling: bool = False,
-                 seed: int | None = None, generator=None, output_type: str = "pil", return_dict: bool = True):
-        """Generate images: ``decoding`` ``"ar"`` or ``"sjd"`` (lossless), and the LlamaGen
+                 lantern_k: int | None = None, lantern_delta: float | None = None, seed: int | None = None,
+                 generator=None, output_type: str = "pil", return_dict: bool = True):
+        """Generate images: ``decoding`` ``"ar"``, ``"sjd"`` (lossless) or ``"lantern"`` (lossy: a
+        draft may take the mass of its ``lantern_k`` nearest codes up to ``lantern_delta``), and the LlamaGen
         pipeline's conventions for the rest (``window="auto"`` measures window costs once per
         batch size on this machine; ``seed`` or one generator per image; ``output_type`` ``"pil"``,
         ``"np"``, ``"pt"`` or ``"latent"``: the generated tokens, row ends included)."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         jacobi_init = self.config.default_jacobi_init if jacobi_init is None else jacobi_init
-        self.check_inputs(prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt)
+        lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
+        lantern_delta = self.config.default_lantern_delta if lantern_delta is None else lantern_delta
+        self.check_inputs(prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt, lantern_k,
+                          lantern_delta)
         guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
         top_k = self.config.default_top_k if top_k is None else top_k
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
@@ -117,16 +148,19 @@ class UnifiedARPipeline(VisualSpecPipeline):
         prefix = self.encode_prompts(prompts, sampling.uses_guidance)
         layout, target = self.layout, UnifiedImageLM(self.transformer)
         constraints = layout.constraints(target.vocab_size)
-        drafter = None
+        drafter, rule = None, None
         if decoding == "ar":
             window = 1
-        if decoding == "sjd":
+        if decoding in ("sjd", "lantern"):
             drafter = JacobiDrafter(target.vocab_size, jacobi_init, grid_width=layout.row_length, coupling=coupling)
             if window == "auto":
                 window = self.window_policy(target, prefix, layout.num_tokens)
+        if decoding == "lantern" and not sampling.greedy:
+            k = min(lantern_k, len(layout.code_tokens) - 1)  # a code has that many others
+            rule = partial(lantern_verify, neighbours=self.neighbour_table(k), delta=lantern_delta)
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
-            tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, window=window,
-                                   generator=make_generator(seed, generator), constraints=constraints,
+            tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
+                                   window=window, generator=make_generator(seed, generator), constraints=constraints,
                                    mode=decoding + ("+coupling" if coupling and drafter else ""),
                                    progress=bar.update)
         images = tokens if output_type == "latent" else self.decode_codes(layout.codes(tokens), output_type)

@@ -32,7 +32,7 @@ def test_the_folder_loads_as_a_unified_pipeline(pipe):
     assert (layout.height, layout.width, layout.num_tokens) == (4, 4, 4 * 5 + 1)
 
 
-@pytest.mark.parametrize("decoding", ["ar", "sjd"])
+@pytest.mark.parametrize("decoding", ["ar", "sjd", "lantern"])
 def test_ar_and_sjd_make_images_with_the_layout_forced(pipe, decoding):
     out = pipe([PROMPT, "a photo of a blue square"], decoding=decoding, seed=0, window=6)
     assert len(out.images) == 2 and out.images[0].size == (16, 16)
@@ -49,6 +49,21 @@ def test_greedy_sjd_gives_the_ar_image(pipe):
     assert torch.equal(ar, sjd)
 
 
+def test_lantern_neighbourhoods_are_image_codes_in_token_ids(pipe):
+    """Each code token's neighbours are the token ids of its nearest codes in the VQ codebook;
+    every other token (text, layout) is its own neighbour and absorbs nothing."""
+    table = pipe.neighbour_table(3)
+    codes = torch.tensor(pipe.layout.code_tokens)
+    assert table.shape == (pipe.transformer.config.vocab_size, 3)
+    assert bool(torch.isin(table[codes], codes).all()) and not bool((table[codes] == codes[:, None]).any())
+    others = torch.ones(table.shape[0], dtype=torch.bool)
+    others[codes] = False
+    assert torch.equal(table[others], torch.arange(table.shape[0])[others][:, None].expand(-1, 3))
+    wide = pipe(PROMPT, decoding="lantern", lantern_delta=1.0, seed=0, window=6, output_type="latent")
+    exact = pipe(PROMPT, decoding="sjd", seed=0, window=6, output_type="latent")
+    assert wide.stats.target_forwards <= exact.stats.target_forwards  # a full budget accepts at least as much
+
+
 def test_seeds_repeat_and_output_types(pipe):
     a = pipe(PROMPT, seed=3, output_type="np").images
     b = pipe(PROMPT, generator=torch.Generator().manual_seed(3), output_type="np").images
@@ -57,7 +72,9 @@ def test_seeds_repeat_and_output_types(pipe):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(decoding="lantern"), "unknown decoding mode"),
+    (dict(decoding="gsd"), "unknown decoding mode"),
+    (dict(decoding="lantern", lantern_delta=2.0), "lantern_delta"),
+    (dict(decoding="lantern", lantern_k=0), "lantern_k"),
     (dict(output_type="gif"), "output_type"),
     (dict(window=0), "window"),
     (dict(jacobi_init="zigzag"), "jacobi_init"),

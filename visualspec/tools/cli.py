@@ -169,8 +169,7 @@ def _unified_kwargs(args) -> dict:
     """The options of a unified-vocabulary pipeline (Lumina-mGPT's layout) from the command line;
     the options it does not have are refused by name."""
     refused = {"--class-label": args.class_label, "--epsilon-cutoff": args.epsilon_cutoff,
-               "--gsd-group-size": args.gsd_group_size, "--lantern-k": args.lantern_k,
-               "--lantern-delta": args.lantern_delta, "--siblings": args.siblings,
+               "--gsd-group-size": args.gsd_group_size, "--siblings": args.siblings,
                "--sibling-depth": args.sibling_depth, "--acceptance-map": getattr(args, "acceptance_map", None)}
     given = [name for name, value in refused.items() if value is not None]
     if given:
@@ -180,6 +179,7 @@ def _unified_kwargs(args) -> dict:
               top_k=args.top_k, top_p=args.top_p, window=args.window, jacobi_init=args.jacobi_init)
     if args.coupling is not None:
         kw["coupling"] = args.coupling == "on"
+    kw.update({name: getattr(args, name) for name in ("lantern_k", "lantern_delta") if getattr(args, name) is not None})
     return kw
 
 
@@ -647,8 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
     b.add_argument("--modes", default=None,
                    help="comma-separated; token models: ar, sjd, sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, "
-                        "gsd, speculative (default: ar, sjd, sjd+coupling, lantern, gsd); continuous-token models: ar, cspd, cspd+flat, each optionally @STEPS "
-                        "for that many diffusion-head steps (default: ar,cspd,cspd+flat)")
+                        "gsd, speculative (default: ar, sjd, sjd+coupling, lantern, gsd); continuous-token models: "
+                        "ar, cspd, cspd+flat, each optionally @STEPS for that many diffusion-head steps (default: "
+                        "ar,cspd,cspd+flat)")
     b.add_argument("--gamma", type=int, default=None, help="continuous tokens: drafts per step (default: the folder's)")
     b.add_argument("--prefill", type=float, default=None,
                    help="continuous tokens: share of tokens the target draws alone first (default: the folder's)")
