@@ -34,6 +34,18 @@ class VisualSpecImageOutput(BaseOutput):
     stats: DecodeStats
 
 
+def vq_images(pipe, codes: torch.Tensor, output_type: str = "pil"):
+    """Code grids (B, h, w) -> images through ``pipe.vq_model`` (LlamaGen's VQ decoder): a list of
+    PIL images, an (B, H, W, 3) array or a (B, 3, H, W) tensor in [0, 1]."""
+    B, h, w = codes.shape
+    shape = (B, pipe.vq_model.config.codebook_embed_dim, h, w)
+    images = ((pipe.vq_model.decode_code(codes.reshape(B, h * w), shape=shape).float() + 1) / 2).clamp(0, 1)
+    if output_type == "pt":
+        return images
+    array = images.permute(0, 2, 3, 1).cpu().numpy()
+    return pipe.numpy_to_pil(array) if output_type == "pil" else array
+
+
 def check_draft_compatible(target, draft, token_field: str = "vocab_size") -> None:
     """A draft model must make the target's tokens (its ``token_field``: the vocabulary, or a
     continuous token's dimension) over the same grid, and take the same condition."""
@@ -410,10 +422,4 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
     def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
         """Token ids (B, h*w) -> images through the VQ decoder."""
         g = self.transformer.grid_size
-        shape = (tokens.shape[0], self.vq_model.config.codebook_embed_dim, g, g)
-        images = self.vq_model.decode_code(tokens, shape=shape)
-        images = ((images.float() + 1) / 2).clamp(0, 1)
-        if output_type == "pt":
-            return images
-        array = images.permute(0, 2, 3, 1).cpu().numpy()
-        return self.numpy_to_pil(array) if output_type == "pil" else array
+        return vq_images(self, tokens.view(-1, g, g), output_type)

@@ -23,7 +23,7 @@ from visualspec.drafters import INIT_SCHEMES, JacobiDrafter
 from ..models.llamagen_vq import nearest_codes
 from ..models.unified_ar import UnifiedImageLM, chameleon_layout
 from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput
+from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput, vq_images
 
 UNIFIED_DECODING_MODES = ("ar", "sjd", "lantern")
 
@@ -163,7 +163,7 @@ class UnifiedARPipeline(VisualSpecPipeline):
                                    window=window, generator=make_generator(seed, generator), constraints=constraints,
                                    mode=decoding + ("+coupling" if coupling and drafter else ""),
                                    progress=bar.update)
-        images = tokens if output_type == "latent" else self.decode_codes(layout.codes(tokens), output_type)
+        images = tokens if output_type == "latent" else vq_images(self, layout.codes(tokens), output_type)
         if not return_dict:
             return images, stats
         return VisualSpecImageOutput(images=images, stats=stats)
@@ -174,13 +174,3 @@ class UnifiedARPipeline(VisualSpecPipeline):
         from visualspec.core.window import WindowPolicy, cached_window_costs, prefix_rows
 
         return WindowPolicy({prefix_rows(prefix): cached_window_costs(target, prefix, num_tokens)})
-
-    def decode_codes(self, codes: torch.Tensor, output_type: str = "pil"):
-        """Image codes (B, h, w) -> images through the VQ decoder."""
-        B, h, w = codes.shape
-        shape = (B, self.vq_model.config.codebook_embed_dim, h, w)
-        images = ((self.vq_model.decode_code(codes.flatten(1), shape=shape).float() + 1) / 2).clamp(0, 1)
-        if output_type == "pt":
-            return images
-        array = images.permute(0, 2, 3, 1).cpu().numpy()
-        return self.numpy_to_pil(array) if output_type == "pil" else array

@@ -214,7 +214,7 @@ def test_measure_window_costs_keeps_a_dynamic_cache_consistent():
 def counted(monkeypatch):
     calls = []
 
-    def fake_measure(model, prefix, max_new_tokens, windows, repeats=5):
+    def fake_measure(model, prefix, max_new_tokens, windows, repeats=5, forward=None):
         calls.append((prefix.shape[0], tuple(windows)))
         return {w: 1e-3 * w * prefix.shape[0] for w in windows}
 

@@ -33,10 +33,10 @@ import torch
 
 from .constraints import TokenConstraints
 from .continuous import Gaussian, continuous_verify, head_noise
-from .proactive import draw_siblings, extra_nodes, level_laws, sibling_layout, verify_sibling_tree
+from .proactive import draw_siblings, extra_nodes, sibling_layout, verify_sibling_tree
 from .sampling import Generator, SamplingConfig, normal
 from .stats import DecodeStats
-from .verify import Verdict, greedy_verify, speculative_verify
+from .verify import Verdict, greedy_verify, point_mass, speculative_verify
 
 Rule = Callable[..., Verdict]
 
@@ -232,12 +232,9 @@ class _Rows:
 
 
 def _first_tokens(rule: Rule, sampling: SamplingConfig, logits: torch.Tensor, generator,
-                  constraints: TokenConstraints | None = None) -> torch.Tensor:
-    """Token 0 of each row straight from the prefill: one exact step with no drafts."""
-    allowed = None
-    if constraints is not None:
-        allowed = constraints.allowed_mask(torch.zeros(logits.shape[0] // sampling.model_rows_per_sample,
-                                                       dtype=torch.long, device=logits.device), logits.shape[-1])
+                  allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """Token 0 of each row straight from the prefill: one exact step with no drafts (``allowed``:
+    the tokens position 0 may take, see :meth:`_Run.allowed`)."""
     p = sampling.probs(logits, allowed)
     return rule(p.new_empty(p.shape[0], 0, dtype=torch.long), None, p[:, None], generator).next_tokens
 
@@ -279,7 +276,8 @@ class _Run:
         self.stats = DecodeStats(mode=mode, batch_size=total, num_tokens=num_tokens, target_forwards=1,
                                  slots=rows_in_model)
         every = torch.arange(rows_in_model, device=device)
-        self.rows.start(every, every, _first_tokens(rule, sampling, logits, self.rows.generator, constraints))
+        self.rows.start(every, every, _first_tokens(rule, sampling, logits, self.rows.generator,
+                                                    self.allowed(torch.zeros_like(every))))
         self._count_first(rows_in_model)
         if drafter is not None:
             drafter.start(rows_in_model, num_tokens, sampling)
@@ -292,7 +290,7 @@ class _Run:
             self.stats.structural_tokens += rows
 
     def allowed(self, positions: torch.Tensor) -> torch.Tensor | None:
-        """The tokens each of ``positions`` (b, L) may take, or None without constraints."""
+        """The tokens each of ``positions`` (any shape) may take, or None without constraints."""
         if self.constraints is None:
             return None
         return self.constraints.allowed_mask(positions, self.target.vocab_size)
@@ -332,7 +330,8 @@ class _Run:
             new = torch.tensor(ids, dtype=torch.long, device=rows.req.device)
             gens = self.rows.all_generators
             gens = [gens[i] for i in ids] if isinstance(gens, (list, tuple)) else gens
-            rows.start(slots, new, _first_tokens(self.rule, self.sampling, logits, gens, self.constraints))
+            rows.start(slots, new, _first_tokens(self.rule, self.sampling, logits, gens,
+                                                 self.allowed(torch.zeros_like(slots))))
             self._count_first(len(slots))
             if self.drafter is not None:
                 self.drafter.reset(slots, ids)
@@ -474,18 +473,15 @@ def _sibling_step(target, sampling, rows, last, drafts, draft_probs, siblings, d
     Returns the verdict, the committed candidates (b, k), the target's distributions along the
     chain (b, k+1, V) for the drafter, as a chain step would give them, and the accepted path's
     nodes (b, k)."""
-    k = drafts.shape[1]
+    k, device = drafts.shape[1], drafts.device
     layout = sibling_layout(k, depth, siblings)
-    q = level_laws(drafts[:, :depth], None if draft_probs is None else draft_probs[:, :depth],
-                   target.vocab_size)
+    q = point_mass(drafts[:, :depth], target.vocab_size) if draft_probs is None else draft_probs[:, :depth]
     candidates = draw_siblings(drafts[:, :depth], q, siblings, gens)
-    choice = layout.choice.to(drafts.device)
-    levels = (layout.depths.to(drafts.device) - 1).clamp(min=0)
-    off_chain = candidates[:, levels.clamp(max=depth - 1), choice.clamp(min=0)]
-    flat = torch.cat([last, drafts, off_chain[:, k + 1:]], 1)
-    logits = target.forward_tree(rows.model(flat), layout.depths.to(drafts.device), layout.ancestors.to(drafts.device),
-                                 rows.model(rows.n - 1))
-    p = sampling.probs(logits, run.allowed(rows.n[:, None] + layout.depths.to(drafts.device)))  # (b, N, V)
+    depths = layout.depths.to(device)
+    off = slice(k + 1, None)  # the nodes after the root and the chain: level depths[i], candidate choice[i]
+    flat = torch.cat([last, drafts, candidates[:, depths[off] - 1, layout.choice.to(device)[off]]], 1)
+    logits = target.forward_tree(rows.model(flat), depths, layout.ancestors.to(device), rows.model(rows.n - 1))
+    p = sampling.probs(logits, run.allowed(rows.n[:, None] + depths))  # (b, N, V)
     verdict, committed, path = verify_sibling_tree(layout, candidates, q, drafts, draft_probs, p, gens)
     return verdict, committed, p[:, :k + 1], path
 

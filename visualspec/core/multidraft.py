@@ -162,9 +162,14 @@ def gumbel_top_k(logq: torch.Tensor, k: int, generator: Generator = None) -> tor
         raise ValueError("logq must not contain NaN or +inf")
     if (logq == float("-inf")).all(-1).any():
         raise ValueError("every row of logq needs at least one possible token")
-    u = uniform(logq.shape, generator, device=logq.device).clamp_(min=torch.finfo(torch.float64).tiny)
-    keys = logq - torch.log(-torch.log(u))
+    keys = logq + gumbel_noise(logq.shape, generator, logq.device)
     return keys.topk(k, dim=-1).indices
+
+
+def gumbel_noise(shape, generator: Generator = None, device=None) -> torch.Tensor:
+    """Standard Gumbel draws ``-log(-log u)``, u ~ U(0, 1), in float64 (row b from generator b)."""
+    u = uniform(shape, generator, device=device).clamp_(min=torch.finfo(torch.float64).tiny)
+    return -torch.log(-torch.log(u))
 
 
 def iid_drafts(q: torch.Tensor, k: int, generator: Generator = None) -> torch.Tensor:

@@ -30,7 +30,8 @@ far. The chain rule after the tree is the ordinary speculative rule. With K = 1 
 single speculative test and the step is plain SJD. The implementation deviations of the released
 code (longest-row selection, siblings drawn from the residual but verified as draws from p,
 an all-siblings residual in later columns) are not reproduced; ``tests/core/test_proactive.py``
-checks the exact law with a chi-square test and shows that a longest-row selection fails it.
+checks the exact law with a chi-square test, and a control that tests each sibling against p
+instead of the recursive residual fails it.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from functools import lru_cache
 
 import torch
 
-from .multidraft import MultiDraftVerdict, _decide, _rsd_stages
-from .sampling import Generator, sample, uniform
-from .verify import Verdict, point_mass, speculative_verify
+from .multidraft import MultiDraftVerdict, _decide, _rsd_stages, gumbel_noise
+from .sampling import Generator, sample
+from .verify import Verdict, speculative_verify
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,8 @@ def draw_siblings(drafts: torch.Tensor, q: torch.Tensor, siblings: int, generato
     V = q.shape[-1]
     if siblings > V:
         raise ValueError(f"cannot draw {siblings} distinct candidates from a vocabulary of {V}")
-    u = uniform((B, D, V), generator, device=drafts.device).clamp_(min=torch.finfo(torch.float64).tiny)
-    gumbel = -torch.log(-torch.log(u))
-    logq = torch.where(q > 0, q.double().clamp(min=1e-300).log(), torch.full_like(u, -1e300))
+    gumbel = gumbel_noise((B, D, V), generator, drafts.device)
+    logq = torch.where(q > 0, q.double().clamp(min=1e-300).log(), torch.full_like(gumbel, -1e300))
     keys = (logq + gumbel).scatter(-1, drafts[..., None], float("-inf"))
     others = keys.topk(siblings - 1, dim=-1).indices
     return torch.cat([drafts[..., None], others], dim=-1)
@@ -174,11 +174,6 @@ def verify_sibling_tree(layout: SiblingLayout, candidates: torch.Tensor, q: torc
     emitted = torch.where(on_chain, rest.next_tokens, torch.where(alive, off_chain, emitted))
     accepted = accepted + torch.where(on_chain, rest.num_accepted, torch.zeros_like(accepted))
     return Verdict(accepted, emitted), tokens, path
-
-
-def level_laws(drafts: torch.Tensor, draft_probs: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
-    """The law of each draft (B, D, V): its drafter's q, or a point mass where it gave none."""
-    return point_mass(drafts, vocab_size) if draft_probs is None else draft_probs
 
 
 def tree_step_timer(model, rows_per_sample: int, siblings: int, depth: int):

@@ -237,8 +237,8 @@ class WindowSearch:
         best = max(order, key=lambda o: (self.estimate(o) / options[o], -_width(o)))
         self.steps += 1
         if self.steps % self.probe_every == 0:
-            self.probe = [self._neighbour(best, order, self.steps // self.probe_every)] * self.probe_steps
-            self.probe = [o for o in self.probe if o is not None]
+            neighbour = self._neighbour(best, order, self.steps // self.probe_every)
+            self.probe = [] if neighbour is None else [neighbour] * self.probe_steps
         chosen = self.probe.pop(0) if self.probe else best
         return _width(chosen), chosen != _width(chosen)
 
@@ -440,8 +440,7 @@ def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequen
     stored = _read_tables(path).get(key, {})
     if wanted and all(w in stored for w in wanted):
         return {w: stored[w] for w in wanted}
-    timed = {} if forward is None else {"forward": forward}
-    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, **timed)
+    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, forward=forward)
     tables = _read_tables(path)  # again: another process may have written meanwhile
     tables[key] = {**tables.get(key, {}), **measured}
     try:

@@ -168,19 +168,15 @@ def _continuous_kwargs(args, mar: bool) -> dict:
 def _unified_kwargs(args) -> dict:
     """The options of a unified-vocabulary pipeline (Lumina-mGPT's layout) from the command line;
     the options it does not have are refused by name."""
-    refused = {"--class-label": args.class_label, "--epsilon-cutoff": args.epsilon_cutoff,
-               "--gsd-group-size": args.gsd_group_size, "--siblings": args.siblings,
-               "--sibling-depth": args.sibling_depth, "--acceptance-map": getattr(args, "acceptance_map", None)}
-    given = [name for name, value in refused.items() if value is not None]
+    kw = _decode_kwargs(args)
+    given = [f"--{name.replace('_', '-')}" for name in ("epsilon_cutoff", "gsd_group_size", "siblings", "sibling_depth")
+             if kw.pop(name, None) is not None]
+    others = (("--class-label", args.class_label), ("--acceptance-map", getattr(args, "acceptance_map", None)))
+    given += [name for name, value in others if value is not None]
     if given:
         raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not built for unified-vocabulary "
                          f"models (Lumina-mGPT's layout) yet")
-    kw = dict(decoding=args.decoding or "sjd", guidance_scale=args.guidance_scale, temperature=args.temperature,
-              top_k=args.top_k, top_p=args.top_p, window=args.window, jacobi_init=args.jacobi_init)
-    if args.coupling is not None:
-        kw["coupling"] = args.coupling == "on"
-    kw.update({name: getattr(args, name) for name in ("lantern_k", "lantern_delta") if getattr(args, name) is not None})
-    return kw
+    return {**kw, "decoding": args.decoding or "sjd"}
 
 
 def cmd_generate(args) -> int:
