@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -51,13 +52,22 @@ class ImageDemo:
 
     def __init__(self, pipe):
         self.pipe = pipe
-        self.grid = pipe.transformer.grid_size
+
+    def acceptance_map(self, stats):
+        """Which forward fixed each token of the first image: the code grid (LlamaGen), or the
+        generated rows with their row-end column (unified-vocabulary models)."""
+        layout = getattr(self.pipe, "layout", None)
+        if layout is None:
+            grid = self.pipe.transformer.grid_size
+            return stats.acceptance_map_image(grid, grid, scale=1)
+        rows = layout.height * layout.row_length
+        image_rows = dataclasses.replace(stats, fixed_at=stats.fixed_at[:, :rows], num_tokens=rows)
+        return image_rows.acceptance_map_image(layout.height, layout.row_length, scale=1)
 
     def generate(self, prompt: str, decoding: str, guidance_scale: float, seed: int):
         out = self.pipe(prompt, decoding=decoding, guidance_scale=guidance_scale, seed=int(seed))
         stats = out.stats
-        amap = stats.acceptance_map_image(self.grid, self.grid, scale=1)
-        return shown(out.images[0]), shown(amap), json.dumps(stats.to_dict(), indent=1)
+        return shown(out.images[0]), shown(self.acceptance_map(stats)), json.dumps(stats.to_dict(), indent=1)
 
     def compare(self, prompt: str, guidance_scale: float, seed: int):
         """AR and SJD on the same prompt and seed, one after the other."""

@@ -39,7 +39,13 @@ def vq_images(pipe, codes: torch.Tensor, output_type: str = "pil"):
     PIL images, an (B, H, W, 3) array or a (B, 3, H, W) tensor in [0, 1]."""
     B, h, w = codes.shape
     shape = (B, pipe.vq_model.config.codebook_embed_dim, h, w)
-    images = ((pipe.vq_model.decode_code(codes.reshape(B, h * w), shape=shape).float() + 1) / 2).clamp(0, 1)
+    return image_output(pipe, pipe.vq_model.decode_code(codes.reshape(B, h * w), shape=shape), output_type)
+
+
+def image_output(pipe, decoded: torch.Tensor, output_type: str = "pil"):
+    """Decoded images (B, 3, H, W) in [-1, 1] -> a list of PIL images, an (B, H, W, 3) array or a
+    (B, 3, H, W) tensor in [0, 1]."""
+    images = ((decoded.float() + 1) / 2).clamp(0, 1)
     if output_type == "pt":
         return images
     array = images.permute(0, 2, 3, 1).cpu().numpy()

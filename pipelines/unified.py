@@ -1,12 +1,14 @@
-"""Unified-vocabulary image generation: Lumina-mGPT's layout on transformers' Chameleon.
+"""Unified-vocabulary image generation: Lumina-mGPT (on transformers' Chameleon), Emu3 and Janus.
 
 One decoder-only model reads the prompt and writes the image in the same token sequence: the
-prompt (through ``prompt_template``), a separator, the image opening (image start and the two size
-tokens), then rows of image codes, each closed by a row-end token, then the end-of-image token
-(:class:`visualspec.models.unified_ar.ImageLayout`). The engine forces the row ends and the end at
-their positions, inside Jacobi windows too, and keeps every other position to image codes.
-Classifier-free guidance runs the unconditional branch on the image opening alone (Lumina-mGPT's
-image-only context), left-padded into the same batch.
+prompt (through ``prompt_template``), a separator, the image opening (image start and the size
+tokens), then rows of image codes, each closed by a row-end token, then the tokens ending the
+image (:class:`visualspec.models.unified_ar.ImageLayout`). The engine forces the row ends and the
+ending at their positions, inside Jacobi windows too, and keeps every other position to image
+codes. Classifier-free guidance runs the family's unconditional context (Lumina's and Emu3's: the
+image opening alone; Janus's: the prompt padded out but for BOS and the opening), left-padded into
+the same batch. What differs between the families is in
+:class:`visualspec.models.unified_ar.UnifiedFamily`.
 """
 
 from __future__ import annotations
@@ -17,60 +19,104 @@ from functools import partial
 
 from visualspec.core.engine import decode
 from visualspec.core.sampling import SamplingConfig, make_generator
+from visualspec.core.stats import merge_decode_stats
 from visualspec.core.verify import lantern_verify
 from visualspec.drafters import INIT_SCHEMES, JacobiDrafter
 
 from ..models.llamagen_vq import nearest_codes
-from ..models.unified_ar import UnifiedImageLM, chameleon_layout
+from ..models.unified_ar import unified_family
 from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput, vq_images
+from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput, image_output
 
 UNIFIED_DECODING_MODES = ("ar", "sjd", "lantern")
 
 
 @register_pipeline
 class UnifiedARPipeline(VisualSpecPipeline):
-    """Text-to-image with a unified-vocabulary model (Lumina-mGPT's layout).
+    """Text-to-image with a unified-vocabulary model.
 
-    Components: ``transformer`` (transformers' ``ChameleonForConditionalGeneration``; its
-    ``vocabulary_map`` names the image codes and the layout's tokens), ``tokenizer`` (the text
-    tokenizer, whose ids are the model's), ``vq_model`` (the image tokenizer; anything with
-    LlamaGen's ``decode_code(codes, shape)``). Config: the code grid ``image_height`` x
-    ``image_width``, ``prompt_template`` (``{prompt}``, ``{width}`` and ``{height}`` in pixels are
-    filled in), ``separator`` (the vocabulary's token after the prompt; Lumina-mGPT's turn end
-    ``<reserved08706>``), ``grid_tokens`` (whether the opening names the size) and sampling defaults.
+    Components: ``transformer`` (transformers' ``ChameleonForConditionalGeneration`` for
+    Lumina-mGPT, ``Emu3ForConditionalGeneration`` or ``JanusForConditionalGeneration``; its config
+    names the family), ``tokenizer`` (the text tokenizer, whose ids are the model's), ``vq_model``
+    (the image tokenizer, for Chameleon only, which has none inside: anything with LlamaGen's
+    ``decode_code(codes, shape)``, ``codebook_vectors()`` and ``downsample_factor``). Config: the
+    default code grid ``image_height`` x ``image_width``, ``prompt_template`` (``{prompt}``,
+    ``{width}`` and ``{height}`` in pixels are filled in), ``separator`` (the vocabulary's token
+    after the prompt, or None; Lumina-mGPT's turn end is ``<reserved08706>``), Lumina's
+    ``grid_tokens`` (whether the opening names the size), ``grid_cell_codes`` (codes per side of
+    the 32-pixel cell its size tokens count: 2 for Lumina-mGPT 1, 4 for 2.0) and
+    ``code_token_offset`` (2.0: code c is token ``155000 + c``; None: the vocabulary names them),
+    ``trained_sizes`` (the ``[width, height]`` pixel sizes the checkpoint was trained at; None:
+    not recorded) and sampling defaults.
     """
 
     model_cpu_offload_seq = "transformer->vq_model"
+    _optional_components = ["vq_model"]
 
-    def __init__(self, transformer, tokenizer, vq_model, image_height: int = 16, image_width: int = 16,
+    def __init__(self, transformer, tokenizer, vq_model=None, image_height: int = 16, image_width: int = 16,
                  prompt_template: str = "{prompt}", separator: str | None = "<reserved08706>",
-                 grid_tokens: bool = True, default_guidance_scale: float = 3.0, default_top_k: int = 0,
+                 grid_tokens: bool = True, grid_cell_codes: int = 2, code_token_offset: int | None = None,
+                 trained_sizes: list | None = None, default_guidance_scale: float = 3.0, default_top_k: int = 0,
                  default_jacobi_init: str = "repeat_above", default_lantern_k: int = 16,
                  default_lantern_delta: float = 0.05):
         super().__init__()
+        unified_family(transformer, vq_model).check_components()
         self.register_modules(transformer=transformer, tokenizer=tokenizer, vq_model=vq_model)
         self.register_to_config(image_height=image_height, image_width=image_width, prompt_template=prompt_template,
-                                separator=separator, grid_tokens=grid_tokens,
+                                separator=separator, grid_tokens=grid_tokens, grid_cell_codes=grid_cell_codes,
+                                code_token_offset=code_token_offset, trained_sizes=trained_sizes,
                                 default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
                                 default_jacobi_init=default_jacobi_init, default_lantern_k=default_lantern_k,
                                 default_lantern_delta=default_lantern_delta)
 
     @property
+    def family(self):
+        """What this model's family does its own way (layout, guidance, image tokenizer)."""
+        return unified_family(self.transformer, self.vq_model)
+
+    @property
     def layout(self):
-        """The image's token layout in this model's vocabulary."""
-        return chameleon_layout(self.transformer.config.vocabulary_map, self.config.image_height,
-                                self.config.image_width, self.config.grid_tokens)
+        """The token layout of an image of the default size in this model's vocabulary."""
+        return self.layout_for(self.config.image_height, self.config.image_width)
+
+    def layout_for(self, height: int, width: int):
+        """The token layout of a ``height`` x ``width`` code grid."""
+        return self.family.layout(height, width, self.tokenizer, self.config.grid_tokens,
+                                  self.config.grid_cell_codes, self.config.code_token_offset)
+
+    def code_grid(self, height, width) -> tuple[int, int]:
+        """The code grid of an image of ``height`` x ``width`` pixels (None: the default size), or a
+        ValueError naming a size the image tokenizer cannot make. A size the checkpoint was not
+        trained at gets a warning: its size tokens are forced to it all the same (unlike
+        Lumina-mGPT 2.0's own script, which samples them and goes wrong; its issue #11)."""
+        patch = self.family.pixels_per_code()
+        h = self.config.image_height if height is None else height // patch
+        w = self.config.image_width if width is None else width // patch
+        for name, value in (("height", height), ("width", width)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < patch
+                                      or value % patch):
+                raise ValueError(f"{name} must be a positive multiple of {patch} pixels (one image code), "
+                                 f"got {value!r}")
+        sizes = self.config.trained_sizes
+        if sizes and [w * patch, h * patch] not in [list(size) for size in sizes]:
+            import warnings
+
+            warnings.warn(f"{w * patch}x{h * patch} is not a size this checkpoint was trained at; its size tokens are "
+                          f"forced to it, but the images may be poor (trained sizes include "
+                          f"{', '.join(f'{a}x{b}' for a, b in list(sizes)[:4])}, ...)", stacklevel=3)
+        return h, w
 
     def neighbour_table(self, k: int) -> torch.Tensor:
         """LANTERN's neighbourhoods in token ids (V, k): each image code's k nearest codes in the
         image tokenizer's codebook; every other token is its own (and so absorbs nothing)."""
-        layout, V = self.layout, self.transformer.config.vocab_size
-        codebook = self.vq_model.quantize.embedding.weight.detach().float()
+        family = self.family
+        layout, V = self.layout, family.token_model().vocab_size
+        codebook = family.codebook()
         if codebook.shape[0] != len(layout.code_tokens):
             raise ValueError(f"the image tokenizer has {codebook.shape[0]} codes, the vocabulary "
                              f"{len(layout.code_tokens)} image code tokens")
-        near = nearest_codes(codebook, k, l2_normalize=bool(self.vq_model.config.codebook_l2_norm))
+        l2 = bool(getattr(family.image_tokenizer.config, "codebook_l2_norm", False))
+        near = nearest_codes(codebook, k, l2_normalize=l2)
         tokens = torch.tensor(layout.code_tokens)
         table = torch.arange(V)[:, None].repeat(1, k)
         table[tokens] = tokens[near.long()]
@@ -102,22 +148,32 @@ class UnifiedARPipeline(VisualSpecPipeline):
             if not isinstance(p, str) or not p.strip():
                 raise ValueError(f"prompts[{i}] must be a non-empty string, got {p!r}")
 
-    def encode_prompts(self, prompts: list[str], guided: bool):
+    def check_prompt(self, prompt: str) -> None:
+        """Raise a ValueError naming ``prompt`` if this model cannot read it."""
+        self.check_inputs([prompt], "ar", "pil", 1, self.config.default_jacobi_init, 1)
+        self.encode_prompts([prompt], guided=False)
+
+    def encode_prompts(self, prompts: list[str], guided: bool, layout=None):
         """The model prefix ``(input_ids, attention_mask)``: each prompt's tokens, the separator and
-        the image opening, left-padded; under guidance the unconditional rows follow, holding the
-        opening alone."""
-        layout, vocab = self.layout, self.transformer.config.vocabulary_map
-        patch = 2 ** (len(self.vq_model.config.ch_mult) - 1)  # pixels per code (LlamaGen's VQ)
-        texts = [self.config.prompt_template.format(prompt=p, width=self.config.image_width * patch,
-                                                    height=self.config.image_height * patch) for p in prompts]
-        separator = [int(vocab[self.config.separator])] if self.config.separator else []
+        the image opening (of ``layout``, by default the default size's), left-padded; under
+        guidance the family's unconditional rows follow."""
+        family, layout = self.family, layout or self.layout
+        vocab = getattr(self.transformer.config, "vocabulary_map", None) or self.tokenizer.get_vocab()
+        patch = family.pixels_per_code()
+        texts = [self.config.prompt_template.format(prompt=p, width=layout.width * patch, height=layout.height * patch)
+                 for p in prompts]
+        separator = []
+        if self.config.separator:
+            if self.config.separator not in vocab:
+                raise ValueError(f"the separator {self.config.separator!r} is not in this model's vocabulary")
+            separator = [int(vocab[self.config.separator])]
         rows = [self.tokenizer(t).input_ids + separator + list(layout.opening) for t in texts]
         unk = getattr(self.tokenizer, "unk_token_id", None)
         for prompt, ids in zip(prompts, rows):
             if unk is not None and unk in ids:
                 raise ValueError(f"prompt {prompt!r} has words this model's tokenizer does not know")
         if guided:
-            rows += [list(layout.opening)] * len(prompts)
+            rows += [family.unconditional(ids, layout) for ids in rows]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(r) for r in rows)
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
@@ -128,42 +184,57 @@ class UnifiedARPipeline(VisualSpecPipeline):
     def __call__(self, prompt, *, decoding: str = "sjd", num_images_per_prompt: int = 1,
                  guidance_scale: float | None = None, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, window="auto", jacobi_init: str | None = None, coupling: bool = False,
-                 lantern_k: int | None = None, lantern_delta: float | None = None, seed: int | None = None,
-                 generator=None, output_type: str = "pil", return_dict: bool = True):
+                 lantern_k: int | None = None, lantern_delta: float | None = None, height: int | None = None,
+                 width: int | None = None, batch_size: int | None = None, seed: int | None = None, generator=None,
+                 output_type: str = "pil", return_dict: bool = True):
         """Generate images: ``decoding`` ``"ar"``, ``"sjd"`` (lossless) or ``"lantern"`` (lossy: a
-        draft may take the mass of its ``lantern_k`` nearest codes up to ``lantern_delta``), and the LlamaGen
-        pipeline's conventions for the rest (``window="auto"`` measures window costs once per
-        batch size on this machine; ``seed`` or one generator per image; ``output_type`` ``"pil"``,
-        ``"np"``, ``"pt"`` or ``"latent"``: the generated tokens, row ends included)."""
+        draft may take the mass of its ``lantern_k`` nearest codes up to ``lantern_delta``),
+        ``height`` and ``width`` in pixels (None: the folder's size), ``batch_size`` images at a
+        time (None: all; these models decode in fixed batches, one after another, without the
+        LlamaGen pipeline's refilling of finished rows), and the LlamaGen pipeline's conventions
+        for the rest (``window="auto"`` measures window costs once per batch size on this machine;
+        ``seed`` or one generator per image; ``output_type`` ``"pil"``, ``"np"``, ``"pt"`` or
+        ``"latent"``: the generated tokens, row ends included)."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         jacobi_init = self.config.default_jacobi_init if jacobi_init is None else jacobi_init
         lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
         lantern_delta = self.config.default_lantern_delta if lantern_delta is None else lantern_delta
         self.check_inputs(prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt, lantern_k,
                           lantern_delta)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
         guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
         top_k = self.config.default_top_k if top_k is None else top_k
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
-        prefix = self.encode_prompts(prompts, sampling.uses_guidance)
-        layout, target = self.layout, UnifiedImageLM(self.transformer)
+        family = self.family
+        layout, target = self.layout_for(*self.code_grid(height, width)), family.token_model()
         constraints = layout.constraints(target.vocab_size)
         drafter, rule = None, None
-        if decoding == "ar":
-            window = 1
         if decoding in ("sjd", "lantern"):
             drafter = JacobiDrafter(target.vocab_size, jacobi_init, grid_width=layout.row_length, coupling=coupling)
-            if window == "auto":
-                window = self.window_policy(target, prefix, layout.num_tokens)
         if decoding == "lantern" and not sampling.greedy:
             k = min(lantern_k, len(layout.code_tokens) - 1)  # a code has that many others
             rule = partial(lantern_verify, neighbours=self.neighbour_table(k), delta=lantern_delta)
+        gen = make_generator(seed, generator)
+        size = batch_size or len(prompts)
+        parts = []
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
-            tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
-                                   window=window, generator=make_generator(seed, generator), constraints=constraints,
-                                   mode=decoding + ("+coupling" if coupling and drafter else ""),
-                                   progress=bar.update)
-        images = tokens if output_type == "latent" else vq_images(self, layout.codes(tokens), output_type)
+            for start in range(0, len(prompts), size):
+                rows = range(start, min(start + size, len(prompts)))
+                prefix = self.encode_prompts([prompts[i] for i in rows], sampling.uses_guidance, layout)
+                steps = 1 if drafter is None else window
+                if steps == "auto":
+                    steps = self.window_policy(target, prefix, layout.num_tokens)
+                parts.append(decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
+                                    window=steps, generator=gen[start:rows.stop] if isinstance(gen, list) else gen,
+                                    constraints=constraints, progress=bar.update,
+                                    mode=decoding + ("+coupling" if coupling and drafter else "")))
+        tokens = torch.cat([t for t, _ in parts])
+        stats = merge_decode_stats([s for _, s in parts])
+        images = tokens if output_type == "latent" else image_output(self, family.decode(layout.codes(tokens)),
+                                                                     output_type)
         if not return_dict:
             return images, stats
         return VisualSpecImageOutput(images=images, stats=stats)

@@ -106,3 +106,15 @@ def test_a_world_folder_that_is_not_a_video_pipeline_is_refused(tmp_path):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "LlamaGenPipeline"}))
     with pytest.raises(ValueError, match="not a NextFramePipeline"):
         app.load_world(tmp_path)
+
+
+def test_the_image_tab_takes_a_unified_vocabulary_model():
+    """A Lumina-layout model: its image, and an acceptance map over its generated rows (the codes
+    and the row-end column)."""
+    from visualspec.pipelines.tiny import tiny_unified_pipeline
+
+    pipe = tiny_unified_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    image, amap, stats = app.ImageDemo(pipe).generate("a photo of a red circle", "sjd", 3.0, 0)
+    assert image.size == (384, 384) and amap.size == (5 * 76, 4 * 76)  # 4 rows of 4 codes and a row end
+    assert json.loads(stats)["structural_tokens"] == 5

@@ -59,7 +59,7 @@ def prefix(layout, rows, guided, prompt=(BOS, 30, 31, SEP)):
 
 
 def test_the_layout_places_row_ends_and_the_end():
-    layout = ImageLayout(tuple(range(4, 20)), height=2, width=3, row_end=ROW_END, end=END)
+    layout = ImageLayout(tuple(range(4, 20)), height=2, width=3, row_end=ROW_END, ending=(END,))
     assert layout.num_tokens == 9 and layout.row_length == 4
     assert layout.forced().tolist() == [-1, -1, -1, ROW_END, -1, -1, -1, ROW_END, END]
     tokens = torch.tensor([[4, 5, 6, ROW_END, 19, 18, 17, ROW_END, END]])
@@ -77,7 +77,7 @@ def test_the_layout_places_row_ends_and_the_end():
 def test_the_chameleon_layout_comes_from_the_vocabulary():
     layout = chameleon_layout(tiny_vocabulary(), height=2, width=2)
     assert layout.code_tokens == tuple(range(4, 20))
-    assert layout.opening == (START, 25, 25) and layout.row_end == ROW_END and layout.end == END
+    assert layout.opening == (START, 25, 25) and layout.row_end == ROW_END and layout.ending == (END,)
     vocab = tiny_vocabulary()
     del vocab["<reserved08799>"]
     with pytest.raises(ValueError, match="no <reserved08799> token"):
@@ -115,7 +115,7 @@ GUIDED = SamplingConfig(guidance_scale=2.0, temperature=0.9)
 
 
 def small_layout():
-    return ImageLayout(tuple(range(4, 4 + N_CODES)), height=2, width=2, row_end=ROW_END, end=END,
+    return ImageLayout(tuple(range(4, 4 + N_CODES)), height=2, width=2, row_end=ROW_END, ending=(END,),
                        opening=(START,))
 
 

@@ -1,6 +1,6 @@
-"""The unified-vocabulary pipeline (Lumina-mGPT's layout on transformers' Chameleon), on a tiny
-random folder: loading, AR and SJD with the layout's tokens forced, greedy equality, outputs, the
-command line, and clear errors."""
+"""The unified-vocabulary pipeline on tiny random folders of each family (Lumina-mGPT's layout on
+transformers' Chameleon, Emu3, Janus): loading, AR, SJD and LANTERN with the layout's tokens
+forced, greedy equality, outputs, the command line, and clear errors."""
 
 import pytest
 import torch
@@ -12,11 +12,32 @@ from visualspec.pipelines.tiny import tiny_unified_pipeline
 PROMPT = "a photo of a red circle"
 
 
+FAMILIES = {  # family: (image side in pixels, structural tokens per image: row ends and ending)
+    "chameleon": (16, 4 + 1),
+    "emu3": (8, 4 + 2),
+    "janus": (8, 0),
+}
+
+
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("unified")
-    tiny_unified_pipeline(seed=0).save_pretrained(path)
-    return path
+def folders(tmp_path_factory):
+    paths = {}
+    for family in FAMILIES:
+        paths[family] = tmp_path_factory.mktemp(family)
+        tiny_unified_pipeline(seed=0, family=family).save_pretrained(paths[family])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def folder(folders):
+    return folders["chameleon"]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_pipe(request, folders):
+    p = VisualSpecPipeline.from_pretrained(folders[request.param])
+    p.set_progress_bar_config(disable=True)
+    return request.param, p
 
 
 @pytest.fixture(scope="module")
@@ -26,27 +47,46 @@ def pipe(folder):
     return p
 
 
-def test_the_folder_loads_as_a_unified_pipeline(pipe):
-    assert type(pipe) is UnifiedARPipeline
+def test_each_folder_loads_as_a_unified_pipeline_of_its_family(family_pipe):
+    family, pipe = family_pipe
+    assert type(pipe) is UnifiedARPipeline and pipe.family.model_type == family
     layout = pipe.layout
-    assert (layout.height, layout.width, layout.num_tokens) == (4, 4, 4 * 5 + 1)
+    assert (layout.height, layout.width, layout.num_tokens) == (4, 4, 4 * layout.row_length + len(layout.ending))
 
 
 @pytest.mark.parametrize("decoding", ["ar", "sjd", "lantern"])
-def test_ar_and_sjd_make_images_with_the_layout_forced(pipe, decoding):
+def test_ar_and_sjd_make_images_with_the_layout_forced(family_pipe, decoding):
+    family, pipe = family_pipe
+    side, structural = FAMILIES[family]
     out = pipe([PROMPT, "a photo of a blue square"], decoding=decoding, seed=0, window=6)
-    assert len(out.images) == 2 and out.images[0].size == (16, 16)
-    assert out.stats.structural_tokens == 2 * (4 + 1)  # a row end per row and the end, per image
+    assert len(out.images) == 2 and out.images[0].size == (side, side)
+    assert out.stats.structural_tokens == 2 * structural
     tokens = pipe(PROMPT, decoding=decoding, seed=0, window=6, output_type="latent").images
     layout = pipe.layout
     assert bool((tokens[:, layout.forced() >= 0] == layout.forced()[layout.forced() >= 0]).all())
     assert layout.codes(tokens).shape == (1, 4, 4)
 
 
-def test_greedy_sjd_gives_the_ar_image(pipe):
+def test_greedy_sjd_gives_the_ar_image(family_pipe):
+    _, pipe = family_pipe
     ar = pipe(PROMPT, decoding="ar", temperature=0, output_type="latent").images
     sjd = pipe(PROMPT, decoding="sjd", temperature=0, window=8, output_type="latent").images
     assert torch.equal(ar, sjd)
+
+
+def test_guidance_follows_each_family(family_pipe):
+    """Lumina's and Emu3's unconditional rows hold the image opening alone; Janus's hold the prompt
+    with every token but the opening padded out, at the prompt's length."""
+    family, pipe = family_pipe
+    ids, mask = pipe.encode_prompts([PROMPT], guided=True)
+    opening = list(pipe.layout.opening)
+    cond, uncond = ids[0][mask[0].bool()].tolist(), ids[1][mask[1].bool()].tolist()
+    assert cond[-len(opening):] == opening and len(cond) > len(opening)
+    if family == "janus":
+        pad = pipe.tokenizer.pad_token_id
+        assert uncond == [pad] * (len(cond) - len(opening)) + opening
+    else:
+        assert uncond == opening
 
 
 def test_lantern_neighbourhoods_are_image_codes_in_token_ids(pipe):
@@ -85,6 +125,20 @@ def test_bad_arguments_get_clear_errors(pipe, kwargs, message):
         pipe(PROMPT, **kwargs)
 
 
+def test_components_that_do_not_fit_the_family_get_clear_errors(pipe):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2))
+    with pytest.raises(ValueError, match="model_type 'llama'.*not a unified-vocabulary image generator"):
+        UnifiedARPipeline(transformer=llama, tokenizer=pipe.tokenizer, vq_model=pipe.vq_model)
+    with pytest.raises(ValueError, match="needs an image tokenizer"):
+        UnifiedARPipeline(transformer=pipe.transformer, tokenizer=pipe.tokenizer)
+    emu3 = tiny_unified_pipeline(family="emu3")
+    with pytest.raises(ValueError, match="emu3 model decodes with its own VQ"):
+        UnifiedARPipeline(transformer=emu3.transformer, tokenizer=emu3.tokenizer, vq_model=pipe.vq_model)
+
+
 def test_bad_prompts_get_clear_errors(pipe):
     with pytest.raises(ValueError, match="non-empty string"):
         pipe(" ")
@@ -101,5 +155,46 @@ def test_the_command_line_generates_from_a_unified_folder(folder, tmp_path, caps
     assert out.is_file() and '"structural_tokens": 5' in capsys.readouterr().out
     assert main(["generate", PROMPT, "--model", str(folder), "--epsilon-cutoff", "0.01", "-o", str(out)]) == 2
     assert "--epsilon-cutoff is not built for unified-vocabulary models" in capsys.readouterr().err
-    assert main(["bench", "--model", str(folder)]) == 2
-    assert "bench does not take unified-vocabulary folders" in capsys.readouterr().err
+
+
+def test_batch_sizes_decode_alike_and_the_batch_command_resumes(pipe, folders, tmp_path, capsys):
+    """Images are the same whatever the batch size (one generator per image); the batch command
+    writes GenEval's layout and a second run finds everything done."""
+    prompts = [PROMPT, "a photo of a blue square", "a photo of two circles"]
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(3)]  # noqa: E731
+    whole = pipe(prompts, generator=gens(), window=4, output_type="latent")
+    halves = pipe(prompts, generator=gens(), window=4, batch_size=2, output_type="latent")
+    assert torch.equal(whole.images, halves.images) and halves.stats.batch_size == 3 and halves.stats.slots == 2
+    with pytest.raises(ValueError, match="batch_size"):
+        pipe(PROMPT, batch_size=0)
+    from visualspec.tools.cli import main
+
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("\n".join(prompts) + "\n")
+    args = ["batch", "--model", str(folders["janus"]), "--prompts", str(lines), "--out", str(tmp_path / "out"),
+            "--batch-size", "2", "--window", "4", "--no-progress"]
+    assert main(args) == 0
+    assert len(list((tmp_path / "out").glob("0000*/samples/0000.png"))) == 3
+    capsys.readouterr()
+    assert main(args) == 0 and '"generated": 0' in capsys.readouterr().out
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a photo of a zebra\n")
+    assert main(["batch", "--model", str(folders["chameleon"]), "--prompts", str(bad), "--out", str(tmp_path / "b")]) == 2
+    assert "line 1" in capsys.readouterr().err
+
+
+def test_bench_compares_the_unified_modes_side_by_side(folder, tmp_path, capsys):
+    from visualspec.tools.cli import main
+
+    result = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(folder), "--images", "2", "--batch-sizes", "1", "2", "--modes",
+                 "ar,sjd,sjd+coupling,lantern", "--window", "4", "--json", str(result)]) == 0
+    import json
+
+    runs = json.loads(result.read_text())
+    assert [r["batch_size"] for r in runs] == [1, 2]
+    assert set(runs[0]["results"]) == {"ar", "sjd", "sjd+coupling", "lantern"}
+    assert runs[0]["results"]["sjd"]["forwards_ratio_to_ar"] < 1
+    capsys.readouterr()
+    assert main(["bench", "--model", str(folder), "--modes", "ar,gsd"]) == 2
+    assert "bench mode 'gsd' is not built for unified-vocabulary models" in capsys.readouterr().err

@@ -13,6 +13,7 @@
     visualspec train-text --out assets/text-pair
     visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
     visualspec convert-mar --checkpoint checkpoint-last.pth --vae kl16.ckpt --name mar_base --out mar-base
+    visualspec convert-lumina Lumina-mGPT-7B-768 --vqgan vqgan.ckpt --vqgan-config vqgan.yaml --out lumina-768
 """
 
 from __future__ import annotations
@@ -171,12 +172,13 @@ def _unified_kwargs(args) -> dict:
     kw = _decode_kwargs(args)
     given = [f"--{name.replace('_', '-')}" for name in ("epsilon_cutoff", "gsd_group_size", "siblings", "sibling_depth")
              if kw.pop(name, None) is not None]
-    others = (("--class-label", args.class_label), ("--acceptance-map", getattr(args, "acceptance_map", None)))
+    others = (("--class-label", getattr(args, "class_label", None)),
+              ("--acceptance-map", getattr(args, "acceptance_map", None)))
     given += [name for name, value in others if value is not None]
     if given:
         raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not built for unified-vocabulary "
-                         f"models (Lumina-mGPT's layout) yet")
-    return {**kw, "decoding": args.decoding or "sjd"}
+                         f"models yet")
+    return {**kw, "decoding": getattr(args, "decoding", None) or "sjd"}
 
 
 def cmd_generate(args) -> int:
@@ -238,14 +240,13 @@ def _device(device: str | None) -> str:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_benchmark
+    from ..pipelines.unified import UNIFIED_DECODING_MODES
+    from .bench import mode_kwargs, run_benchmark
 
     pipe = load_pipeline(args.model, args.draft_model)
     from ..pipelines import UnifiedARPipeline
 
-    if isinstance(pipe, UnifiedARPipeline):
-        raise ValueError("bench does not take unified-vocabulary folders (Lumina-mGPT's layout) yet; time one with "
-                         "generate --stats")
+    unified = isinstance(pipe, UnifiedARPipeline)
     pipe.to(_device(args.device))
     prompts, scorer = args.prompt or None, None
     if args.quality:
@@ -263,6 +264,14 @@ def cmd_bench(args) -> int:
     continuous = isinstance(pipe, ContinuousARPipeline)
     if continuous:
         kwargs = _continuous_kwargs(args, mar=False)
+    elif unified:
+        kwargs = _unified_kwargs(args)
+        kwargs.pop("coupling", None)  # a mode of its own: sjd+coupling
+        for mode in filter(None, (args.modes or "").split(",")):
+            settings = mode_kwargs(mode)
+            if set(settings) - {"decoding", "coupling"} or settings["decoding"] not in UNIFIED_DECODING_MODES:
+                raise ValueError(f"bench mode {mode!r} is not built for unified-vocabulary models; they take "
+                                 f"{', '.join(UNIFIED_DECODING_MODES)}, each optionally +coupling")
     else:
         kwargs = _decode_kwargs(args)
         kwargs.pop("coupling", None)  # a mode of its own: sjd+coupling
@@ -270,7 +279,8 @@ def cmd_bench(args) -> int:
             raise SystemExit("error: bench runs proactive drafting as modes of their own (sjd+pd, sjd+coupling+pd: "
                              "3 candidates at the first 2 draft positions); --siblings is for generate and batch")
     kwargs.pop("decoding", None)  # each mode sets its own
-    modes = args.modes or ("ar,cspd,cspd+flat" if continuous else "ar,sjd,sjd+coupling,lantern,gsd")
+    modes = args.modes or ("ar,cspd,cspd+flat" if continuous else "ar,sjd,sjd+coupling,lantern" if unified
+                           else "ar,sjd,sjd+coupling,lantern,gsd")
     results = []
     for batch_size in args.batch_sizes:
         keep = None if args.keep_images is None else str(Path(args.keep_images) / f"batch{batch_size}")
@@ -289,6 +299,15 @@ def cmd_convert_llamagen(args) -> int:
 
     convert_llamagen(args.gpt, args.vq, args.out, gpt_model=args.gpt_model, vq_model=args.vq_model,
                      image_size=args.image_size, text_encoder=args.text_encoder, key=args.key)
+    print(args.out)
+    return 0
+
+
+def cmd_convert_lumina(args) -> int:
+    from ..pipelines.convert_lumina import convert_lumina
+
+    convert_lumina(args.model, args.out, vqgan=args.vqgan, vqgan_config=args.vqgan_config, movqgan=args.movqgan,
+                   size=args.size, tokenizer_dir=args.tokenizer)
     print(args.out)
     return 0
 
@@ -318,19 +337,18 @@ def cmd_batch(args) -> int:
     with context as (rank, world_size):
         with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
             pipe = load_pipeline(args.model, args.draft_model)
-        from ..pipelines import UnifiedARPipeline
-
-        if isinstance(pipe, UnifiedARPipeline):
-            raise ValueError("batch does not take unified-vocabulary folders (Lumina-mGPT's layout) yet; use generate")
         check_prompts(pipe, [(f"{args.prompts}, line {number}", meta) for number, meta in lines])
         pipe.to(_device(args.device))
-        from ..pipelines import ContinuousARPipeline, MARPipeline
+        from ..pipelines import ContinuousARPipeline, MARPipeline, UnifiedARPipeline
 
         if isinstance(pipe, MARPipeline):
             raise ValueError("batch reads text prompts; MAR is class-conditional (use generate --class-label)")
         if isinstance(pipe, ContinuousARPipeline):  # continuous tokens: their own options
             kwargs = _continuous_kwargs(args, mar=False)
             decoding = kwargs.pop("decoding", None) or ("cspd" if pipe.draft_model is not None else "ar")
+        elif isinstance(pipe, UnifiedARPipeline):
+            kwargs = _unified_kwargs(args)
+            decoding = kwargs.pop("decoding")
         else:
             kwargs, decoding = _decode_kwargs(args), args.decoding or "sjd"
         summary = generate_batch(pipe, prompts, args.out, images_per_prompt=args.images_per_prompt,
@@ -782,6 +800,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--key", help="checkpoint entry holding the weights (default: model, ema, module, state_dict)")
     c.add_argument("--out", required=True)
     c.set_defaults(func=cmd_convert_llamagen)
+
+    lu = sub.add_parser("convert-lumina", parents=[common],
+                        help="a Lumina-mGPT (1 or 2.0) transformers folder and its image tokenizer -> pipeline folder")
+    lu.add_argument("model", help="the Lumina-mGPT checkpoint folder (transformers format, model_type chameleon)")
+    lu.add_argument("--vqgan", help="Lumina-mGPT 1: Chameleon's tokenizer/vqgan.ckpt")
+    lu.add_argument("--vqgan-config", help="Lumina-mGPT 1: Chameleon's tokenizer/vqgan.yaml")
+    lu.add_argument("--movqgan", help="Lumina-mGPT 2.0: movqgan_270M.ckpt")
+    lu.add_argument("--size", type=int, default=768, help="the checkpoint's image size in pixels (512, 768, 1024)")
+    lu.add_argument("--tokenizer", help="folder with the text tokenizer (default: the model folder)")
+    lu.add_argument("--out", required=True)
+    lu.set_defaults(func=cmd_convert_lumina)
 
     m = sub.add_parser("convert-mar", parents=[common], help="official MAR checkpoints -> pipeline folder")
     m.add_argument("--checkpoint", required=True, help="MAR's checkpoint-last.pth")
