@@ -2,9 +2,9 @@
 
 Tokens are D-dimensional vectors (a KL autoencoder's latents on a grid), generated left to right
 in raster order, one per position, with the static KV cache of :class:`LlamaGenGPT`: a token goes
-in through a linear map instead of an embedding table, and the transformer's normalised output z
-at each position conditions the diffusion head (:class:`DiffusionHead`), which draws the next
-token. This is the form in which CSpD runs as true left-to-right speculation through the one
+in through a linear map instead of an embedding table (or, with ``input_codes`` K > 0, through a
+soft code lookup, :class:`SoftCodeInput`), and the transformer's normalised output z at each
+position conditions the diffusion head (:class:`DiffusionHead`), which draws the next token. This is the form in which CSpD runs as true left-to-right speculation through the one
 engine (:func:`visualspec.core.engine.decode_continuous`).
 
 The token-model protocol is LlamaGen's (``prefill``, ``forward_window``, ``crop``, ``refill``,
@@ -24,11 +24,30 @@ from .diffusion_head import DiffusionHead
 from .llamagen import LlamaGenGPT
 
 
+class SoftCodeInput(nn.Module):
+    """A continuous token in through a soft code lookup: ``softmax(mlp(x)) @ embedding``.
+
+    ``mlp`` (D -> ``hidden`` -> K) scores K codes and ``embedding`` (K x dim) holds one vector per
+    code. Started from a token model (:func:`visualspec.training.continuous.start_from_token_model`),
+    the MLP is fitted to classify a latent into the token model's code for the same image patch and
+    the embedding is that model's table, so the transformer sees the inputs it was trained on.
+    """
+
+    def __init__(self, token_dim: int, hidden: int, codes: int, dim: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(token_dim, hidden), nn.GELU(), nn.Linear(hidden, codes))
+        self.embedding = nn.Parameter(torch.randn(codes, dim) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x).softmax(-1) @ self.embedding
+
+
 class ContinuousARTransformer(ModelMixin, ConfigMixin):
     """Raster-order continuous-token AR model: ``backbone`` (LlamaGen's transformer) and
     ``diffloss`` (MAR's head). ``token_dim`` is D; ``head_depth``, ``head_width``,
     ``num_sampling_steps`` and ``prediction_type`` (``"epsilon"`` as MAR, or ``"v_prediction"``)
-    are the head's."""
+    are the head's; ``input_codes`` K > 0 (with ``input_hidden``) takes tokens in through a soft
+    lookup of K codes (:class:`SoftCodeInput`) instead of a linear map."""
 
     @register_to_config
     def __init__(
@@ -51,6 +70,8 @@ class ContinuousARTransformer(ModelMixin, ConfigMixin):
         head_width: int = 256,
         num_sampling_steps: int = 100,
         prediction_type: str = "epsilon",
+        input_codes: int = 0,
+        input_hidden: int = 128,
     ):
         super().__init__()
         self.backbone = LlamaGenGPT(
@@ -58,7 +79,8 @@ class ContinuousARTransformer(ModelMixin, ConfigMixin):
             model_type=model_type, num_classes=num_classes, caption_dim=caption_dim,
             class_dropout_prob=class_dropout_prob, cls_token_num=cls_token_num, block_size=block_size,
             prefix_rope=prefix_rope, caption_positions=caption_positions)
-        self.backbone.tok_embeddings = nn.Linear(token_dim, dim)  # continuous tokens in
+        self.backbone.tok_embeddings = (SoftCodeInput(token_dim, input_hidden, input_codes, dim) if input_codes
+                                        else nn.Linear(token_dim, dim))  # continuous tokens in
         self.backbone.output = nn.Identity()  # z out: the head turns it into a token
         self.diffloss = DiffusionHead(token_dim, dim, head_depth, head_width, num_sampling_steps, prediction_type)
 

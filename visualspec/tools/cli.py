@@ -7,6 +7,7 @@
     visualspec bench --images 4 --json bench.json
     visualspec train-shapes --out assets/shapes-t2i
     visualspec train-continuous --out continuous-shapes
+    visualspec train-unified --out unified-shapes
     visualspec video --actions right,right,up --frames 60 -o play.mp4
     visualspec bench-video --quality
     visualspec train-arena --out assets/arena-nfd
@@ -476,6 +477,15 @@ def cmd_train_continuous(args) -> int:
     return 0
 
 
+def cmd_train_unified(args) -> int:
+    from ..training.unified import UnifiedShapesConfig, train_unified_shapes
+
+    cfg = UnifiedShapesConfig(**({} if args.seed is None else {"seed": args.seed}))
+    train_unified_shapes(args.out, args.work_dir, cfg)
+    print(args.out)
+    return 0
+
+
 def world_model(folder: str | None):
     """The video pipeline: ``folder`` or the shipped arena world."""
     from ..pipelines import NextFramePipeline
@@ -717,12 +727,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("-o", "--output", default="prompts.jsonl")
     pr.set_defaults(func=cmd_prompts)
 
-    tc = sub.add_parser("train-continuous", parents=[common],
-                        help="train a continuous-token target and draft on the shapes world (CSpD)")
-    tc.add_argument("--out", required=True, help="pipeline folder to write (target, draft, KL autoencoder, text encoder)")
-    tc.add_argument("--work-dir", default=str(cache_dir() / "train-continuous"), help="checkpoints; rerun to resume")
-    tc.add_argument("--seed", type=int, help="default: the recipe's (0)")
-    tc.set_defaults(func=cmd_train_continuous)
+    for name, func, what, out in (
+            ("train-continuous", cmd_train_continuous, "a continuous-token target and draft on the shapes world (CSpD)",
+             "pipeline folder to write (target, draft, KL autoencoder, text encoder)"),
+            ("train-unified", cmd_train_unified, "a Lumina-layout model (transformers' Chameleon) on the shapes world",
+             "pipeline folder to write")):
+        tr = sub.add_parser(name, parents=[common], help=f"train {what}")
+        tr.add_argument("--out", required=True, help=out)
+        tr.add_argument("--work-dir", default=str(cache_dir() / name), help="checkpoints; rerun to resume")
+        tr.add_argument("--seed", type=int, help="default: the recipe's (0)")
+        tr.set_defaults(func=func)
 
     t = sub.add_parser("train-shapes", parents=[common],
                        help="train the shapes-world model (and the FID-shapes features)")

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import claim_work_dir, ema_update, run_stage, training_autocast, write_training_record
+from .common import (claim_work_dir, ema_update, optimizer_step, run_stage, training_autocast,
+                     write_training_record)
 from ..worlds import arena
 
 
@@ -116,9 +117,7 @@ def train_autoencoder(cfg: ArenaTrainingConfig, work: Path, device, progress=Tru
         z = ae.encoder(x)
         recon = ae.decoder(z)
         loss = F.l1_loss(recon, x) + F.mse_loss(recon, x) + 1e-4 * z.pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, loss)
         return {"loss": loss.item()}
 
     run_stage("frame autoencoder", work / "autoencoder", {"ae": ae}, opt, cfg.ae_steps, step_fn, lr=cfg.ae_lr,
@@ -215,10 +214,7 @@ def train_transformer(cfg: ArenaTrainingConfig, latents, actions, balls, work: P
             v = model(_noised(x0, taus, noise), taus, acts)
         weights = loss_weights(x0, taus, cfg, ball)
         loss = ((v.float() - (noise - x0)) ** 2 * weights).sum() / (weights.expand_as(x0).sum() + 1e-8)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model.parameters())
         return {"loss": loss.item()}
 
     run_stage("next-frame transformer", work / "transformer", {"model": model}, opt, cfg.steps, step_fn, lr=cfg.lr,
@@ -257,10 +253,7 @@ def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, balls, work: Pa
         with torch.autocast(**autocast):
             estimate = x_hi - tau_hi[:, :, None, None, None] * student(x_hi, tau_hi, acts).float()
         loss = ((estimate - target) ** 2 * mask).sum() / (mask.sum() * x0[0, 0].numel())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, student.parameters())
         ema_update(ema.parameters(), student.parameters(), cfg.ema_decay)
         return {"loss": loss.item()}
 

@@ -118,6 +118,16 @@ def training_autocast(device: torch.device) -> dict:
     return dict(device_type=device.type, dtype=torch.bfloat16, enabled=use)
 
 
+def optimizer_step(optimizer, loss: torch.Tensor, clip_parameters=None, max_norm: float = 1.0) -> None:
+    """One optimisation step on ``loss``: clear the gradients, backpropagate, clip the gradient norm
+    of ``clip_parameters`` to ``max_norm`` (when given), step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_parameters is not None:
+        torch.nn.utils.clip_grad_norm_(clip_parameters, max_norm)
+    optimizer.step()
+
+
 @torch.no_grad()
 def ema_update(averaged, current, decay: float) -> None:
     """One step of an exponential moving average: ``a <- decay * a + (1 - decay) * c`` for each

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from ..worlds import shapes
-from .common import (claim_work_dir, ema_update, run_stage, training_autocast, warmup_cosine_lr,
-                     write_training_record)
+from .common import (claim_work_dir, ema_update, optimizer_step, run_stage, training_autocast,
+                     warmup_cosine_lr, write_training_record)
 
 
 @dataclass
@@ -193,9 +193,7 @@ def train_vq(cfg: ShapesTrainingConfig, work: Path, device, progress=True):
         recon, indices, losses = vq(x)
         rec = F.mse_loss(recon, x) + F.l1_loss(recon, x)
         loss = rec + losses["codebook_loss"] + losses["commitment_loss"]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, loss)
         if step % 50 == 49 and step < cfg.vq_steps * 0.8:
             restart_dead_codes(vq, x)
         return {"rec": rec.item(), "usage": vq.codebook_usage()}
@@ -305,9 +303,7 @@ def pretrain_text_encoder(cfg: ShapesTrainingConfig, encoder, tokenizer, work: P
         logits = head(feats).unflatten(-1, (len(NEIGHBOUR_OFFSETS), len(tokenizer)))
         targets = neighbour_targets(ids, mask)
         loss = F.cross_entropy(logits.reshape(-1, len(tokenizer)), targets.reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, loss)
         right = (logits.argmax(-1) == targets)[targets >= 0]
         return {"loss": loss.item(), "acc": right.float().mean().item()}
 
@@ -353,10 +349,7 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
             mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
             logits = forward(captions, tokens, cond_mask=mask, drop_condition=drop)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        optimizer_step(opt, loss, params)
         if cfg.ema_decay > 0:  # warmed up so early weights do not linger: decay (1 + s) / (10 + s) at first
             ema_update(ema_params, params, min(cfg.ema_decay, (1 + step) / (10 + step)))
         return {"loss": loss.item()}
@@ -441,9 +434,7 @@ def train_feature_net(out: str, steps: int = 800, batch: int = 64, seed: int = 0
             group["lr"] = warmup_cosine_lr(step, steps, 2e-3, 50)
         x, y = world_feature_batch(seed, step, batch)
         loss = F.mse_loss(net.predict_targets(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimizer_step(opt, loss)
     net.eval().save_pretrained(out)
     feats = []
     with torch.no_grad():

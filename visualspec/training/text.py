@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import claim_work_dir, run_stage, training_autocast, write_training_record
+from .common import claim_work_dir, optimizer_step, run_stage, training_autocast, write_training_record
 
 
 @dataclass
@@ -123,10 +123,7 @@ def train_lm(cfg: TextPairConfig, name: str, model, stream, steps: int, work: Pa
         with torch.autocast(**autocast):
             logits = model(input_ids=x[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model.parameters())
         return {"loss": loss.item()}
 
     run_stage(name, work / name, {name: model}, opt, steps, step_fn, lr=cfg.lr, warmup=cfg.warmup_steps,
