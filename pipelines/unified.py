@@ -13,9 +13,10 @@ the same batch. What differs between the families is in
 
 from __future__ import annotations
 
-import torch
-
+import warnings
 from functools import partial
+
+import torch
 
 from visualspec.core.engine import decode
 from visualspec.core.sampling import SamplingConfig, make_generator
@@ -99,8 +100,6 @@ class UnifiedARPipeline(VisualSpecPipeline):
                                  f"got {value!r}")
         sizes = self.config.trained_sizes
         if sizes and [w * patch, h * patch] not in [list(size) for size in sizes]:
-            import warnings
-
             warnings.warn(f"{w * patch}x{h * patch} is not a size this checkpoint was trained at; its size tokens are "
                           f"forced to it, but the images may be poor (trained sizes include "
                           f"{', '.join(f'{a}x{b}' for a, b in list(sizes)[:4])}, ...)", stacklevel=3)

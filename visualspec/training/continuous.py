@@ -51,15 +51,15 @@ class ContinuousShapesConfig:
     # where the target's transformer starts: "token_model" copies the shipped shapes token model's
     # (its width, depth and heads must be target_dim, target_layers, target_heads; tokens go in
     # through a soft lookup of its codes, fitted to them), "scratch" starts from random weights
-    target_init: str = "token_model"
+    target_init: str = "scratch"
     # with target_init="token_model": "frozen" keeps the copied transformer and trains the head
     # alone, "trained" trains both
     target_trunk: str = "frozen"
     input_fit_images: int = 256  # world images whose latents fit the token-model start's input lookup
     input_fit_steps: int = 300  # Adam steps of that fit
-    target_dim: int = 192
-    target_layers: int = 8
-    target_heads: int = 3
+    target_dim: int = 160  # 192 with target_init="token_model" (the token model's)
+    target_layers: int = 6  # 8 with target_init="token_model"
+    target_heads: int = 2  # 3 with target_init="token_model"
     target_head_depth: int = 3
     target_head_width: int = 160
     target_steps: int = 1100
