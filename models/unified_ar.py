@@ -269,9 +269,6 @@ class Emu3Family(UnifiedFamily):
         size = tokenizer(f"{height}*{width}", add_special_tokens=False).input_ids
         return emu3_layout(vocab, height, width, size)
 
-    def decode(self, codes):
-        return self.image_tokenizer.decode(codes)
-
 
 class JanusFamily(UnifiedFamily):
     model_type = "janus"
