@@ -11,22 +11,21 @@ loss's ``loss.*`` entries), described by ``tokenizer/vqgan.yaml`` (``model.param
 
 :class:`ChameleonVQGAN` keeps the taming names (``encoder.down.{i}.block.{j}``, ``encoder.mid.block_1``,
 ``decoder.up.{i}`` with level 0 at full resolution, ``quantize.embedding.weight``, ``quant_conv``,
-``post_quant_conv``), so the file loads strictly without renaming, and it offers the interface of
-:class:`visualspec.models.llamagen_vq.LlamaGenVQModel` (``encode``, ``decode_code``,
-``codebook_vectors``, ``downsample_factor``, ...), so the unified pipeline can use either.
+``post_quant_conv``), so the file loads strictly without renaming, and it takes the tokenizer
+interface of LlamaGen's VQ model (:class:`visualspec.models.llamagen_vq.VQTokenizerMixin`:
+``encode``, ``decode_code``, ``codebook_vectors``, ``downsample_factor``, ...), so the unified
+pipeline can use either.
 
 The pieces shared with SBER-MoVQGAN (:mod:`visualspec.models.movqgan`, whose encoder is the same
 taming encoder) live here too: :class:`TamingEncoder`, :class:`TamingDecoder` (its blocks given by
-the caller), :class:`VQTokenizerMixin` (codebook lookup, encode / decode_code) and
-:func:`read_original_weights`.
+the caller) and :func:`read_original_weights`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +34,9 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
-from .llamagen_vq import _AttnBlock, _Downsample, _ResnetBlock, _Upsample
+from .llamagen_vq import VQTokenizerMixin, _AttnBlock, _Downsample, _ResnetBlock, _Upsample
 
-__all__ = ["ChameleonVQGAN", "TamingEncoder", "TamingDecoder", "VQTokenizerMixin", "read_original_weights"]
+__all__ = ["ChameleonVQGAN", "TamingEncoder", "TamingDecoder", "read_original_weights"]
 
 #: Entries of ``vqgan.ckpt`` that belong to training only (LPIPS network and discriminator).
 CHAMELEON_TRAINING_PREFIXES = ("loss.",)
@@ -174,78 +173,6 @@ class _Codebook(nn.Module):
         self.embedding = nn.Embedding(codebook_size, embed_dim)
 
 
-# ---------------------------------------------------------------------------
-# The tokenizer interface shared with LlamaGen's VQ model
-# ---------------------------------------------------------------------------
-
-
-class VQTokenizerMixin:
-    """Codebook lookup, ``encode`` and ``decode_code`` with the semantics of
-    :class:`~visualspec.models.llamagen_vq.LlamaGenVQModel`, for a model with ``encoder``,
-    ``quant_conv``, ``quantize.embedding``, a ``decode(latents)`` method and config fields
-    ``codebook_size``, ``codebook_embed_dim`` and ``ch_mult``. The quantiser compares raw vectors
-    (``codebook_l2_norm`` is False), as taming's ``VectorQuantizer2`` does."""
-
-    @property
-    def downsample_factor(self) -> int:
-        """Image pixels per code along each side: ``2 ** (len(ch_mult) - 1)``."""
-        return 2 ** (len(self.config.ch_mult) - 1)
-
-    @property
-    def codebook_size(self) -> int:
-        return self.config.codebook_size
-
-    def codebook_vectors(self) -> torch.Tensor:
-        """The ``(K, C)`` codebook as used for lookup (the raw embedding weights)."""
-        return self.quantize.embedding.weight
-
-    def quantize_indices(self, latents: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
-        """``(B, C, h, w)`` pre-quantisation latents -> ``(B, h, w)`` long indices of the nearest code
-        (squared Euclidean distance, in at least float32, ``chunk_size`` positions at a time)."""
-        b, c, h, w = latents.shape
-        dtype = torch.promote_types(latents.dtype, torch.float32)
-        z = latents.detach().permute(0, 2, 3, 1).reshape(-1, c).to(dtype)
-        codebook = self.codebook_vectors().detach().to(dtype)
-        norms = codebook.pow(2).sum(dim=1)
-        # ||z||^2 is the same for every code of a row, so it does not change the argmin.
-        out = [(norms[None, :] - 2.0 * part @ codebook.t()).argmin(dim=1) for part in z.split(chunk_size)]
-        return torch.cat(out).view(b, h, w) if out else z.new_zeros(b, h, w, dtype=torch.long)
-
-    def get_codebook_entry(self, indices: torch.Tensor, shape: Optional[Sequence[int]] = None) -> torch.Tensor:
-        """Code vectors for ``indices``: ``(B, h, w)``, ``(B, h*w)`` (square ``h*w`` unless ``shape``
-        is given) or flat with ``shape=[B, C, h, w]`` -> ``(B, C, h, w)`` latents."""
-        indices = indices.long()
-        if shape is not None:
-            b, c, h, w = (int(s) for s in shape)
-            if c != self.config.codebook_embed_dim:
-                raise ValueError(f"shape[1]={c} != codebook_embed_dim={self.config.codebook_embed_dim}")
-            indices = indices.reshape(b, h, w)
-        elif indices.dim() == 2:
-            side = math.isqrt(indices.shape[1])
-            if side * side != indices.shape[1]:
-                raise ValueError(f"cannot infer a square grid from {indices.shape[1]} codes; pass shape=[B, C, h, w]")
-            indices = indices.reshape(indices.shape[0], side, side)
-        elif indices.dim() != 3:
-            raise ValueError(f"indices must be (B, h, w) or (B, h*w), got {tuple(indices.shape)}")
-        return F.embedding(indices, self.codebook_vectors()).permute(0, 3, 1, 2).contiguous()
-
-    def encode_latents(self, images: torch.Tensor) -> torch.Tensor:
-        """``(B, 3, H, W)`` images in ``[-1, 1]`` -> ``(B, C, h, w)`` latents before quantisation."""
-        return self.quant_conv(self.encoder(images))
-
-    def encode(self, images: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Tokenise ``(B, 3, H, W)`` images in ``[-1, 1]`` (``H``, ``W`` multiples of
-        :attr:`downsample_factor`) -> ``(quantized (B, C, h, w), indices (B, h, w))``."""
-        indices = self.quantize_indices(self.encode_latents(images))
-        return self.get_codebook_entry(indices), indices
-
-    def decode_code(self, indices: torch.Tensor, shape: Optional[Sequence[int]] = None,
-                    clamp: bool = False) -> torch.Tensor:
-        """Code indices ``(B, h*w)`` or ``(B, h, w)`` (optional LlamaGen-style ``shape=[B, C, h, w]``)
-        -> images ``(B, 3, h*f, w*f)``, nominally in ``[-1, 1]`` (clamped only if ``clamp``)."""
-        return self.decode(self.get_codebook_entry(indices, shape), clamp=clamp)
-
-
 def _refuse_l2_norm(codebook_l2_norm: bool, name: str) -> None:
     if codebook_l2_norm:
         raise ValueError(f"{name}'s quantiser compares raw code vectors; codebook_l2_norm must be False")
@@ -356,12 +283,6 @@ class ChameleonVQGAN(VQTokenizerMixin, ModelMixin, ConfigMixin):
         self.quantize = _Codebook(codebook_size, codebook_embed_dim)
         self.quant_conv = nn.Conv2d(z_channels, codebook_embed_dim, kernel_size=1)
         self.post_quant_conv = nn.Conv2d(codebook_embed_dim, z_channels, kernel_size=1)
-
-    def decode(self, latents: torch.Tensor, clamp: bool = False) -> torch.Tensor:
-        """``(B, C, h, w)`` quantised latents -> ``(B, out_channels, 16h, 16w)`` images, nominally in
-        ``[-1, 1]`` (clamped only if ``clamp``)."""
-        images = self.decoder(self.post_quant_conv(latents))
-        return images.clamp(-1.0, 1.0) if clamp else images
 
     @classmethod
     def from_original(cls, ckpt_path: str, yaml_path: Optional[str] = None, **config) -> "ChameleonVQGAN":

@@ -282,66 +282,11 @@ class _Quantizer(nn.Module):
 # ---------------------------------------------------------------------------
 
 
-class LlamaGenVQModel(ModelMixin, ConfigMixin):
-    r"""LlamaGen VQ tokenizer: images ``(B, 3, H, W)`` in ``[-1, 1]`` <-> code
-    grids ``(B, H/f, W/f)`` of indices into an ``N``-entry codebook.
-
-    Args:
-        codebook_size: number of codes ``N`` (16384).
-        codebook_embed_dim: width ``C`` of a code vector (8).
-        codebook_l2_norm: L2-normalise both the encoder output and the codebook
-            vectors before the nearest-code search and lookup (True for all
-            released LlamaGen tokenizers).
-        ch: base channel count of encoder and decoder.
-        ch_mult: channel multiplier per resolution level; the downsample factor
-            is ``2 ** (len(ch_mult) - 1)``. ``(1, 1, 2, 2, 4)`` is VQ-16,
-            ``(1, 2, 2, 4)`` is VQ-8.
-        z_channels: channels of the encoder output / decoder input.
-        num_res_blocks: ResNet blocks per encoder level (the decoder uses one
-            more per level).
-        in_channels: image channels fed to the encoder.
-        out_channels: image channels produced by the decoder.
-        dropout: dropout probability inside the ResNet blocks.
-        norm_groups: number of GroupNorm groups (32 in LlamaGen).
-        norm_eps: GroupNorm epsilon (1e-6 in LlamaGen).
-        commit_loss_beta: weight of the commitment loss (training only).
-        entropy_loss_ratio: weight of the codebook entropy loss (0 disables it).
-        codebook_usage_window: length of the ``quantize.codebook_used`` buffer
-            (65536 in the official checkpoints; must match to load them).
-    """
-
-    config_name = "config.json"
-
-    @register_to_config
-    def __init__(
-        self,
-        codebook_size: int = 16384,
-        codebook_embed_dim: int = 8,
-        codebook_l2_norm: bool = True,
-        ch: int = 128,
-        ch_mult: Sequence[int] = (1, 1, 2, 2, 4),
-        z_channels: int = 256,
-        num_res_blocks: int = 2,
-        in_channels: int = 3,
-        out_channels: int = 3,
-        dropout: float = 0.0,
-        norm_groups: int = 32,
-        norm_eps: float = 1e-6,
-        commit_loss_beta: float = 0.25,
-        entropy_loss_ratio: float = 0.0,
-        codebook_usage_window: int = 65536,
-    ):
-        super().__init__()
-        ch_mult = tuple(int(m) for m in ch_mult)
-        self.encoder = _Encoder(
-            in_channels, ch, ch_mult, num_res_blocks, z_channels, dropout, norm_groups, norm_eps
-        )
-        self.decoder = _Decoder(
-            z_channels, ch, ch_mult, num_res_blocks, out_channels, dropout, norm_groups, norm_eps
-        )
-        self.quantize = _Quantizer(codebook_size, codebook_embed_dim, codebook_l2_norm, codebook_usage_window)
-        self.quant_conv = nn.Conv2d(z_channels, codebook_embed_dim, kernel_size=1)
-        self.post_quant_conv = nn.Conv2d(codebook_embed_dim, z_channels, kernel_size=1)
+class VQTokenizerMixin:
+    """The image-tokenizer interface every VQ model here offers (LlamaGen's, Chameleon's VQGAN,
+    MoVQGAN): codebook lookup, ``encode``, ``decode`` and ``decode_code``. It needs ``encoder``,
+    ``quant_conv``, ``quantize.embedding``, ``post_quant_conv``, ``decoder`` and the config fields
+    ``codebook_size``, ``codebook_embed_dim``, ``codebook_l2_norm`` and ``ch_mult``."""
 
     # -- basic properties -------------------------------------------------
 
@@ -474,6 +419,69 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
         ``shape=[B, C, h, w]``) -> images ``(B, out_channels, h*f, w*f)``.
         Same as ``decode(get_codebook_entry(indices, shape))``."""
         return self.decode(self.get_codebook_entry(indices, shape), clamp=clamp)
+
+
+
+class LlamaGenVQModel(VQTokenizerMixin, ModelMixin, ConfigMixin):
+    r"""LlamaGen VQ tokenizer: images ``(B, 3, H, W)`` in ``[-1, 1]`` <-> code
+    grids ``(B, H/f, W/f)`` of indices into an ``N``-entry codebook.
+
+    Args:
+        codebook_size: number of codes ``N`` (16384).
+        codebook_embed_dim: width ``C`` of a code vector (8).
+        codebook_l2_norm: L2-normalise both the encoder output and the codebook
+            vectors before the nearest-code search and lookup (True for all
+            released LlamaGen tokenizers).
+        ch: base channel count of encoder and decoder.
+        ch_mult: channel multiplier per resolution level; the downsample factor
+            is ``2 ** (len(ch_mult) - 1)``. ``(1, 1, 2, 2, 4)`` is VQ-16,
+            ``(1, 2, 2, 4)`` is VQ-8.
+        z_channels: channels of the encoder output / decoder input.
+        num_res_blocks: ResNet blocks per encoder level (the decoder uses one
+            more per level).
+        in_channels: image channels fed to the encoder.
+        out_channels: image channels produced by the decoder.
+        dropout: dropout probability inside the ResNet blocks.
+        norm_groups: number of GroupNorm groups (32 in LlamaGen).
+        norm_eps: GroupNorm epsilon (1e-6 in LlamaGen).
+        commit_loss_beta: weight of the commitment loss (training only).
+        entropy_loss_ratio: weight of the codebook entropy loss (0 disables it).
+        codebook_usage_window: length of the ``quantize.codebook_used`` buffer
+            (65536 in the official checkpoints; must match to load them).
+    """
+
+    config_name = "config.json"
+
+    @register_to_config
+    def __init__(
+        self,
+        codebook_size: int = 16384,
+        codebook_embed_dim: int = 8,
+        codebook_l2_norm: bool = True,
+        ch: int = 128,
+        ch_mult: Sequence[int] = (1, 1, 2, 2, 4),
+        z_channels: int = 256,
+        num_res_blocks: int = 2,
+        in_channels: int = 3,
+        out_channels: int = 3,
+        dropout: float = 0.0,
+        norm_groups: int = 32,
+        norm_eps: float = 1e-6,
+        commit_loss_beta: float = 0.25,
+        entropy_loss_ratio: float = 0.0,
+        codebook_usage_window: int = 65536,
+    ):
+        super().__init__()
+        ch_mult = tuple(int(m) for m in ch_mult)
+        self.encoder = _Encoder(
+            in_channels, ch, ch_mult, num_res_blocks, z_channels, dropout, norm_groups, norm_eps
+        )
+        self.decoder = _Decoder(
+            z_channels, ch, ch_mult, num_res_blocks, out_channels, dropout, norm_groups, norm_eps
+        )
+        self.quantize = _Quantizer(codebook_size, codebook_embed_dim, codebook_l2_norm, codebook_usage_window)
+        self.quant_conv = nn.Conv2d(z_channels, codebook_embed_dim, kernel_size=1)
+        self.post_quant_conv = nn.Conv2d(codebook_embed_dim, z_channels, kernel_size=1)
 
     # -- training ---------------------------------------------------------
 

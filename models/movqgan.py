@@ -21,7 +21,7 @@ The checkpoint is ``movqgan_270M.ckpt`` from the Hugging Face repository ``ai-fo
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +29,8 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .chameleon_vqgan import (TamingDecoder, TamingEncoder, VQTokenizerMixin, _Codebook, _refuse_l2_norm,
-                              read_original_weights)
+from .chameleon_vqgan import TamingDecoder, TamingEncoder, _Codebook, _refuse_l2_norm, read_original_weights
+from .llamagen_vq import VQTokenizerMixin
 from .checkpoints import load_state_dict_strict
 
 __all__ = ["MoVQGAN", "SpatialNorm"]

@@ -58,6 +58,8 @@ def lumina_pipeline(model_dir: str, *, vqgan: str | None = None, vqgan_config: s
     and variants."""
     from transformers import AutoTokenizer, ChameleonForConditionalGeneration
 
+    if isinstance(size, bool) or not isinstance(size, int) or size < 32 or size % 32:
+        raise ValueError(f"size must be a positive multiple of 32 pixels, got {size!r}")
     if (vqgan is None) == (movqgan is None):
         raise ValueError("give the image tokenizer: vqgan (Lumina-mGPT 1) or movqgan (Lumina-mGPT 2.0), not both")
     config_file = Path(model_dir) / "config.json"
@@ -81,8 +83,6 @@ def lumina_pipeline(model_dir: str, *, vqgan: str | None = None, vqgan_config: s
         vq = MoVQGAN.from_original(movqgan, **(image_tokenizer_config or {}))
         options = dict(grid_cell_codes=4, code_token_offset=code_token_offset, default_top_k=4096,
                        trained_sizes=[[size, size]])  # the released 2.0 checkpoint is 768-only (its issue #11)
-    if size % 32:
-        raise ValueError(f"size must be a multiple of 32 pixels, got {size}")
     model = ChameleonForConditionalGeneration.from_pretrained(model_dir, local_files_only=True,
                                                               torch_dtype=torch_dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)

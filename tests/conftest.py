@@ -45,6 +45,16 @@ def make_tiny_llamagen():
     return tiny_llamagen
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch intra-op thread for a module's tests, restored after: tiny workloads avoid
+    thread-spinning on a busy 2-core machine, and float rounding matches a one-thread process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ---------------------------------------------------------------------------- text models
 
 TEXT_WORDS = [f"w{i}" for i in range(61)]  # + 3 special tokens = 64, the tiny models' vocabulary

@@ -34,13 +34,7 @@ from visualspec.eval.inception import FID_WEIGHTS_FILENAME, FIDInceptionV3
 FIXTURE = FIXTURES / "fid_inception_keys.json"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny CPU workloads: one intra-op thread avoids thread-spinning on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny CPU workloads
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,13 +22,7 @@ DROPPED = {ChameleonVQGAN: CHAMELEON_TRAINING_PREFIXES, MoVQGAN: MOVQ_TRAINING_P
 MODELS = [ChameleonVQGAN, MoVQGAN]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny CPU workloads: one intra-op thread avoids thread-spinning on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny CPU workloads
 
 
 def tiny(cls, seed=0):

@@ -36,15 +36,10 @@ def home(tmp_path_factory):
         yield home
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, like every torchrun worker (OMP_NUM_THREADS=1): the VQ decoder's float
-    rounding (not the tokens) can move a pixel value by 1 with the thread count, and the torchrun
-    test compares bytes with the one-process reference."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One torch thread, like every torchrun worker (OMP_NUM_THREADS=1): the VQ decoder's float
+# rounding (not the tokens) can move a pixel value by 1 with the thread count, and the torchrun
+# test compares bytes with the one-process reference.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
