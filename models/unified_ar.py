@@ -89,13 +89,14 @@ class ImageLayout:
             forced[-len(self.ending):] = torch.tensor(self.ending)
         return forced
 
-    def constraints(self, vocab_size: int) -> TokenConstraints:
-        """The engine's constraints: structural tokens forced, codes elsewhere."""
+    def constraints(self, vocab_size: int, guidance: torch.Tensor | None = None) -> TokenConstraints:
+        """The engine's constraints: structural tokens forced, codes elsewhere, and ``guidance``, the
+        guidance scale per generated position, if the model defines one (None: a constant scale)."""
         if max(self.code_tokens) >= vocab_size:
             raise ValueError(f"an image code token lies outside the model's vocabulary of {vocab_size}")
         allowed = torch.zeros(vocab_size, dtype=torch.bool)
         allowed[list(self.code_tokens)] = True
-        return TokenConstraints(self.forced(), allowed)
+        return TokenConstraints(self.forced(), allowed, guidance)
 
     def codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """Generated tokens (B, num_tokens) -> image codes (B, height, width)."""
@@ -109,6 +110,26 @@ class ImageLayout:
         if bool((codes < 0).any()) or bool((grid >= lookup.shape[0]).any()):
             raise ValueError("a generated image position holds a token that is not an image code")
         return codes
+
+
+def lumina2_guidance(scale: float, num_tokens: int, size_cells: int) -> torch.Tensor:
+    """Lumina-mGPT 2.0's guidance scale at each of an image's ``num_tokens`` generated positions
+    ((num_tokens,) float32); ``size_cells`` is the product of its two size tokens' cell counts.
+
+    Its script lowers the scale before every generated token i = 0, 1, ...:
+
+        s_i = max(4, s_{i-1} * (1 - t_i / L)),   s_{-1} = scale,   t_i = i + 2,   L = 4 * size_cells,
+
+    t_i counting the tokens after the image start (the two size tokens, then i generated ones), and
+    L the script's code count with version 1's 2 x 2 codes per cell (a quarter of 2.0's codes). As
+    every factor is at most 1, this is ``max(4, scale * prod_{j <= i} max(0, 1 - t_j / L))``: the
+    scale falls to 4 over the first tokens (about 50 of a 768 x 768 image's 9,312 at scale 7) and
+    stays there, and a scale of 4 or less is 4 from the start."""
+    t = torch.arange(num_tokens, dtype=torch.float64) + 2
+    return (scale * torch.cumprod((1 - t / (4 * size_cells)).clamp(min=0), 0)).clamp(min=4.0).float()
+
+
+GUIDANCE_SCHEDULES = ("constant", "lumina2")
 
 
 class UnifiedImageLM(HFCausalLM):

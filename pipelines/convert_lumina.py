@@ -11,10 +11,11 @@
   cells of 4 x 4 codes.
 
 Both use the prompt template of Lumina's scripts and its turn separator ``<reserved08706>``, with
-guidance 4.0 and top-k 2000 (1) or 4096 (2.0), as their README commands. The model is loaded with
-transformers' own Chameleon classes (no remote code); the pipeline reads the LM head's raw logits,
-so the image tokens that transformers masks out are generated. 2.0's guidance schedule,
-``max(4, cfg * (1 - done / total))``, is constant at its recommended cfg of 4 and is not applied.
+guidance 4.0 and top-k 2000 (1) or 4096 (2.0), as their README commands; 2.0 folders take its
+guidance schedule (``default_guidance_schedule="lumina2"``, which at the recommended 4.0 is
+constant). The model is loaded with transformers' own Chameleon classes (no remote code); the
+pipeline reads the LM head's raw logits, so the image tokens that transformers masks out are
+generated.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def lumina_pipeline(model_dir: str, *, vqgan: str | None = None, vqgan_config: s
 
         vq = MoVQGAN.from_original(movqgan, **(image_tokenizer_config or {}))
         options = dict(grid_cell_codes=4, code_token_offset=code_token_offset, default_top_k=4096,
-                       trained_sizes=[[size, size]])  # the released 2.0 checkpoint is 768-only (its issue #11)
+                       default_guidance_schedule="lumina2", trained_sizes=[[size, size]])  # the released 2.0 checkpoint is 768-only (its issue #11)
     model = ChameleonForConditionalGeneration.from_pretrained(model_dir, local_files_only=True,
                                                               torch_dtype=torch_dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)

@@ -25,7 +25,7 @@ from visualspec.core.verify import lantern_verify
 from visualspec.drafters import INIT_SCHEMES, JacobiDrafter
 
 from ..models.llamagen_vq import nearest_codes
-from ..models.unified_ar import unified_family
+from ..models.unified_ar import GUIDANCE_SCHEDULES, lumina2_guidance, unified_family
 from .base import VisualSpecPipeline, register_pipeline
 from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput, image_output
 
@@ -48,7 +48,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
     the 32-pixel cell its size tokens count: 2 for Lumina-mGPT 1, 4 for 2.0) and
     ``code_token_offset`` (2.0: code c is token ``155000 + c``; None: the vocabulary names them),
     ``trained_sizes`` (the ``[width, height]`` pixel sizes the checkpoint was trained at; None:
-    not recorded) and sampling defaults.
+    not recorded) and sampling defaults (``default_guidance_schedule``: ``"constant"``, or
+    ``"lumina2"``, Lumina-mGPT 2.0's, see :func:`visualspec.models.unified_ar.lumina2_guidance`).
     """
 
     model_cpu_offload_seq = "transformer->vq_model"
@@ -57,7 +58,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
     def __init__(self, transformer, tokenizer, vq_model=None, image_height: int = 16, image_width: int = 16,
                  prompt_template: str = "{prompt}", separator: str | None = "<reserved08706>",
                  grid_tokens: bool = True, grid_cell_codes: int = 2, code_token_offset: int | None = None,
-                 trained_sizes: list | None = None, default_guidance_scale: float = 3.0, default_top_k: int = 0,
+                 trained_sizes: list | None = None, default_guidance_scale: float = 3.0,
+                 default_guidance_schedule: str = "constant", default_top_k: int = 0,
                  default_jacobi_init: str = "repeat_above", default_lantern_k: int = 16,
                  default_lantern_delta: float = 0.05):
         super().__init__()
@@ -66,7 +68,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
         self.register_to_config(image_height=image_height, image_width=image_width, prompt_template=prompt_template,
                                 separator=separator, grid_tokens=grid_tokens, grid_cell_codes=grid_cell_codes,
                                 code_token_offset=code_token_offset, trained_sizes=trained_sizes,
-                                default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
+                                default_guidance_scale=default_guidance_scale,
+                                default_guidance_schedule=default_guidance_schedule, default_top_k=default_top_k,
                                 default_jacobi_init=default_jacobi_init, default_lantern_k=default_lantern_k,
                                 default_lantern_delta=default_lantern_delta)
 
@@ -122,8 +125,17 @@ class UnifiedARPipeline(VisualSpecPipeline):
         return table.to(self.device)
 
     def check_inputs(self, prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt,
-                     lantern_k=16, lantern_delta=0.05) -> None:
+                     lantern_k=16, lantern_delta=0.05, negative_prompts=None, guidance_schedule="constant") -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
+        if guidance_schedule not in GUIDANCE_SCHEDULES:
+            raise ValueError(f"unknown guidance_schedule {guidance_schedule!r}; choose one of {GUIDANCE_SCHEDULES}")
+        if negative_prompts is not None:
+            if len(negative_prompts) != len(prompts):
+                raise ValueError(f"negative_prompt must be one string or one per prompt: {len(negative_prompts)} "
+                                 f"for {len(prompts)} prompts")
+            for i, p in enumerate(negative_prompts):
+                if not isinstance(p, str):
+                    raise ValueError(f"negative_prompt[{i}] must be a string, got {p!r}")
         if decoding not in UNIFIED_DECODING_MODES:
             raise ValueError(f"unknown decoding mode {decoding!r} for a unified-vocabulary model; choose one of "
                              f"{UNIFIED_DECODING_MODES}")
@@ -152,13 +164,26 @@ class UnifiedARPipeline(VisualSpecPipeline):
         self.check_inputs([prompt], "ar", "pil", 1, self.config.default_jacobi_init, 1)
         self.encode_prompts([prompt], guided=False)
 
-    def encode_prompts(self, prompts: list[str], guided: bool, layout=None):
+    def encode_prompts(self, prompts: list[str], guided: bool, layout=None, negative_prompts: list[str] | None = None):
         """The model prefix ``(input_ids, attention_mask)``: each prompt's tokens, the separator and
         the image opening (of ``layout``, by default the default size's), left-padded; under
-        guidance the family's unconditional rows follow."""
+        guidance the unconditional rows follow: the family's, or ``negative_prompts`` written as the
+        prompts are."""
         family, layout = self.family, layout or self.layout
+        rows = self._prompt_rows(prompts, layout, "prompt")
+        if guided:
+            rows += (self._prompt_rows(negative_prompts, layout, "negative prompt") if negative_prompts is not None
+                     else [family.unconditional(ids, layout) for ids in rows])
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+        return ids, mask
+
+    def _prompt_rows(self, prompts: list[str], layout, what: str) -> list[list[int]]:
+        """Each prompt through the template, then the separator and the image opening, as token ids."""
         vocab = getattr(self.transformer.config, "vocabulary_map", None) or self.tokenizer.get_vocab()
-        patch = family.pixels_per_code()
+        patch = self.family.pixels_per_code()
         texts = [self.config.prompt_template.format(prompt=p, width=layout.width * patch, height=layout.height * patch)
                  for p in prompts]
         separator = []
@@ -170,18 +195,13 @@ class UnifiedARPipeline(VisualSpecPipeline):
         unk = getattr(self.tokenizer, "unk_token_id", None)
         for prompt, ids in zip(prompts, rows):
             if unk is not None and unk in ids:
-                raise ValueError(f"prompt {prompt!r} has words this model's tokenizer does not know")
-        if guided:
-            rows += [family.unconditional(ids, layout) for ids in rows]
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
-        return ids, mask
+                raise ValueError(f"{what} {prompt!r} has words this model's tokenizer does not know")
+        return rows
 
     @torch.no_grad()
-    def __call__(self, prompt, *, decoding: str = "sjd", num_images_per_prompt: int = 1,
-                 guidance_scale: float | None = None, temperature: float = 1.0, top_k: int | None = None,
+    def __call__(self, prompt, *, negative_prompt=None, decoding: str = "sjd", num_images_per_prompt: int = 1,
+                 guidance_scale: float | None = None, guidance_schedule: str | None = None,
+                 temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, window="auto", jacobi_init: str | None = None, coupling: bool = False,
                  lantern_k: int | None = None, lantern_delta: float | None = None, height: int | None = None,
                  width: int | None = None, batch_size: int | None = None, seed: int | None = None, generator=None,
@@ -193,13 +213,23 @@ class UnifiedARPipeline(VisualSpecPipeline):
         LlamaGen pipeline's refilling of finished rows), and the LlamaGen pipeline's conventions
         for the rest (``window="auto"`` measures window costs once per batch size on this machine;
         ``seed`` or one generator per image; ``output_type`` ``"pil"``, ``"np"``, ``"pt"`` or
-        ``"latent"``: the generated tokens, row ends included)."""
+        ``"latent"``: the generated tokens, row ends included).
+
+        Guidance: ``negative_prompt`` (one string, or one per prompt) makes the unconditional rows
+        that text, written as a prompt is (as Emu3's model card guides), in place of the family's
+        own unconditional context; ``guidance_schedule`` (None: the folder's) is ``"constant"`` or
+        ``"lumina2"``, Lumina-mGPT 2.0's, which starts at ``guidance_scale`` and falls to 4 over the
+        first tokens, and never goes below 4 (:func:`visualspec.models.unified_ar.lumina2_guidance`).
+        Both are ignored at ``guidance_scale=1`` (no guidance)."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = None if negative_prompt is None else (
+            [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt))
+        schedule = self.config.default_guidance_schedule if guidance_schedule is None else guidance_schedule
         jacobi_init = self.config.default_jacobi_init if jacobi_init is None else jacobi_init
         lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
         lantern_delta = self.config.default_lantern_delta if lantern_delta is None else lantern_delta
         self.check_inputs(prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt, lantern_k,
-                          lantern_delta)
+                          lantern_delta, negatives, schedule)
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
@@ -207,9 +237,11 @@ class UnifiedARPipeline(VisualSpecPipeline):
         top_k = self.config.default_top_k if top_k is None else top_k
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
+        if negatives is not None:
+            negatives = [p for p in negatives for _ in range(num_images_per_prompt)]
         family = self.family
         layout, target = self.layout_for(*self.code_grid(height, width)), family.token_model()
-        constraints = layout.constraints(target.vocab_size)
+        constraints = layout.constraints(target.vocab_size, self.guidance_at_positions(layout, sampling, schedule))
         drafter, rule = None, None
         if decoding in ("sjd", "lantern"):
             drafter = JacobiDrafter(target.vocab_size, jacobi_init, grid_width=layout.row_length, coupling=coupling)
@@ -222,7 +254,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
             for start in range(0, len(prompts), size):
                 rows = range(start, min(start + size, len(prompts)))
-                prefix = self.encode_prompts([prompts[i] for i in rows], sampling.uses_guidance, layout)
+                prefix = self.encode_prompts([prompts[i] for i in rows], sampling.uses_guidance, layout,
+                                             None if negatives is None else [negatives[i] for i in rows])
                 steps = 1 if drafter is None else window
                 if steps == "auto":
                     steps = self.window_policy(target, prefix, layout.num_tokens)
@@ -237,6 +270,18 @@ class UnifiedARPipeline(VisualSpecPipeline):
         if not return_dict:
             return images, stats
         return VisualSpecImageOutput(images=images, stats=stats)
+
+    def guidance_at_positions(self, layout, sampling: SamplingConfig, schedule: str):
+        """The guidance scale at each generated position under ``schedule``, or None where it is
+        constant (or there is no guidance)."""
+        if schedule == "constant" or not sampling.uses_guidance:
+            return None
+        scale = sampling.guidance_scale
+        if scale < 4:
+            warnings.warn(f"Lumina-mGPT 2.0's guidance schedule never goes below 4: guidance_scale={scale} acts as 4 "
+                          f"(guidance_schedule='constant' keeps {scale})", stacklevel=3)
+        cell = self.config.grid_cell_codes
+        return lumina2_guidance(scale, layout.num_tokens, (layout.height // cell) * (layout.width // cell))
 
     def window_policy(self, target, prefix, num_tokens: int):
         """``window="auto"``'s policy at this batch: its cost table, measured once per model, batch

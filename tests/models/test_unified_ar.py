@@ -1,6 +1,7 @@
 """Unified-vocabulary image generation on transformers' Chameleon (tiny, built offline): the
 Lumina-mGPT layout, structural tokens forced inside Jacobi windows, greedy SJD against greedy AR,
-and the exact law by chi-square with guidance, with a control that drops the constraints."""
+and the exact law by chi-square with guidance and with a per-position guidance schedule, each with
+a control that makes the engine ignore what it tests; Lumina-mGPT 2.0's schedule."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import JacobiDrafter
-from visualspec.models.unified_ar import ImageLayout, UnifiedImageLM, chameleon_layout
+from visualspec.models.unified_ar import ImageLayout, UnifiedImageLM, chameleon_layout, lumina2_guidance
 
 BOS, PAD, SEP = 1, 3, 24
 START, ROW_END, END = 21, 26, 22
@@ -142,6 +143,69 @@ def test_sjd_with_structural_tokens_and_guidance_is_lossless():
 def test_the_harness_catches_windows_that_forget_the_constraints(monkeypatch):
     """Control: verification inside windows without the constraints (the first token keeps them)
     draws tokens the layout does not allow, and the fit fails."""
-    monkeypatch.setattr(engine._Run, "allowed", lambda self, positions: None)
+    keep = engine._Run.probs
+    monkeypatch.setattr(engine._Run, "probs", lambda self, logits, positions: (
+        self.sampling.probs(logits) if positions.ndim > 1 else keep(self, logits, positions)))
     fit = constrained_fit(UnifiedImageLM(tiny_chameleon(seed=2)), small_layout(), samples=4000)
     assert not fit.passed, fit
+
+
+def lumina2_by_its_recursion(scale, num_tokens, size_cells):
+    """The schedule as Lumina-mGPT 2.0's script runs it: one update before each token."""
+    out, s = [], scale
+    for i in range(num_tokens):
+        s = max(4.0, s * (1 - (i + 2) / (4 * size_cells)))
+        out.append(s)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("scale, num_tokens, size_cells", [(7.0, 60, 9), (30.0, 200, 16), (3.0, 20, 4),
+                                                           (4.0, 20, 4), (7.0, 9312, 576)])
+def test_lumina2_guidance_is_its_script_recursion(scale, num_tokens, size_cells):
+    got = lumina2_guidance(scale, num_tokens, size_cells)
+    assert torch.allclose(got.double(), lumina2_by_its_recursion(scale, num_tokens, size_cells), rtol=1e-6)
+    assert bool((got >= 4).all()) and bool((got[1:] <= got[:-1]).all())
+    if scale > 4:
+        assert got[0] > 4 and got[-1] == 4  # starts above the floor and reaches it
+    if size_cells == 576:  # 768 x 768 in 2.0: 24 x 24 cells; the scale is 4 after a few dozen tokens
+        assert 20 < int((got > 4).sum()) < 60
+
+
+# a per-position schedule that differs from GUIDED's constant 2.0 (the row ends and the end are forced)
+SCHEDULE = torch.tensor([0.0, 4.0, 1.0, 1.0, 3.0, 0.5, 1.0])
+
+
+def scheduled_fit(layout, samples=20000):
+    model = UnifiedImageLM(tiny_chameleon(seed=2))
+    constraints = layout.constraints(model.vocab_size, SCHEDULE)
+    make = lambda rows: prefix(layout, rows, True)  # noqa: E731
+    drafter = lambda rows: JacobiDrafter(64, "repeat_above", grid_width=layout.row_length)  # noqa: E731
+    seqs, probs = exact_sequence_distribution(model, make, layout.num_tokens, GUIDED, constraints)
+    drawn = sample_sequences(model, make, layout.num_tokens, GUIDED, samples, window=4, constraints=constraints,
+                             drafter_factory=drafter)
+    return chi_square_fit(drawn, seqs, probs)
+
+
+def test_sjd_with_a_guidance_schedule_is_lossless():
+    """Per-position guidance scales (Lumina-mGPT 2.0's kind) with windows of 4: SJD draws the law
+    the schedule defines."""
+    fit = scheduled_fit(small_layout())
+    assert fit.passed, fit
+
+
+def test_the_harness_catches_a_schedule_the_engine_ignores(monkeypatch):
+    """Control: the engine guiding at the constant scale while the schedule defines the law."""
+    monkeypatch.setattr(engine._Run, "probs", lambda self, logits, positions: self.sampling.probs(
+        logits, self.constraints.allowed_mask(positions, self.target.vocab_size)))
+    fit = scheduled_fit(small_layout(), samples=4000)
+    assert not fit.passed, fit
+
+
+def test_a_schedule_needs_guidance_and_one_scale_per_position():
+    layout = small_layout()
+    with pytest.raises(ValueError, match="one per position"):
+        layout.constraints(64, torch.ones(3))
+    model = UnifiedImageLM(tiny_chameleon(seed=2))
+    with pytest.raises(ValueError, match="uses no guidance"):
+        decode(model, prefix(layout, 1, False), layout.num_tokens, SamplingConfig(),
+               constraints=layout.constraints(64, SCHEDULE))

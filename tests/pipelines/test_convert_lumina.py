@@ -98,6 +98,14 @@ def test_lumina2_reads_codes_at_an_offset_with_4x4_cells(tmp_path):
     tokens = pipe(PROMPT, decoding="sjd", seed=0, window=6, output_type="latent").images
     assert layout.codes(tokens).shape == (1, 4, 4)
     assert pipe(PROMPT, seed=0, output_type="pt").images.shape == (1, 3, 32, 32)
+    # its guidance schedule: on this one-cell image 7 is lowered to the floor of 4 at once
+    assert pipe.config.default_guidance_schedule == "lumina2"
+    latent = dict(decoding="sjd", seed=0, window=6, output_type="latent")
+    scheduled = pipe(PROMPT, guidance_scale=7.0, **latent).images
+    assert torch.equal(scheduled, pipe(PROMPT, guidance_scale=4.0, guidance_schedule="constant", **latent).images)
+    assert not torch.equal(scheduled, pipe(PROMPT, guidance_scale=7.0, guidance_schedule="constant", **latent).images)
+    with pytest.warns(UserWarning, match="never goes below 4"):
+        pipe(PROMPT, guidance_scale=2.0, **latent)
 
 
 def test_lumina_trains_at_its_published_crop_sizes():

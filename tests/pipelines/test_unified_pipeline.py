@@ -89,6 +89,21 @@ def test_guidance_follows_each_family(family_pipe):
         assert uncond == opening
 
 
+def test_a_negative_prompt_is_the_unconditional_row(family_pipe):
+    """With ``negative_prompt`` the unconditional rows are that text written as a prompt (Emu3's
+    card guides so), for every family; one per prompt, or one string for all."""
+    _, pipe = family_pipe
+    negative = "a photo of a green square"
+    ids, mask = pipe.encode_prompts([PROMPT, PROMPT], guided=True, negative_prompts=[negative, PROMPT])
+    as_prompt, _ = pipe.encode_prompts([negative], guided=False)
+    rows = [ids[i][mask[i].bool()].tolist() for i in range(4)]
+    assert rows[2] == as_prompt[0].tolist() and rows[3] == rows[0]
+    out = pipe([PROMPT, "a photo of a blue square"], negative_prompt=negative, seed=0, window=6, output_type="latent")
+    assert out.images.shape[0] == 2
+    with pytest.raises(ValueError, match="one per prompt"):
+        pipe([PROMPT, PROMPT], negative_prompt=[negative])
+
+
 def test_lantern_neighbourhoods_are_image_codes_in_token_ids(pipe):
     """Each code token's neighbours are the token ids of its nearest codes in the VQ codebook;
     every other token (text, layout) is its own neighbour and absorbs nothing."""
@@ -119,6 +134,8 @@ def test_seeds_repeat_and_output_types(pipe):
     (dict(window=0), "window"),
     (dict(jacobi_init="zigzag"), "jacobi_init"),
     (dict(num_images_per_prompt=0), "num_images_per_prompt"),
+    (dict(guidance_schedule="cosine"), "guidance_schedule"),
+    (dict(negative_prompt=[3]), "negative_prompt"),
 ])
 def test_bad_arguments_get_clear_errors(pipe, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -1,5 +1,5 @@
-"""Structural tokens: positions whose token is fixed by the sequence's layout, and the tokens the
-other positions may take.
+"""Structural tokens: positions whose token is fixed by the sequence's layout, the tokens the
+other positions may take, and the guidance scale at each position.
 
 Unified-vocabulary image generators (Lumina-mGPT, Chameleon, Emu3) lay an image out as rows of
 image codes, each ending in a row-end token, then an end-of-image token; their vocabulary also
@@ -15,6 +15,10 @@ the vocabulary only. :class:`TokenConstraints` says both for the generated posit
   of Lumina-mGPT's logits processors: guidance, then the image-token mask, then top-k).
 
 Forced positions stay inside a Jacobi window like any other: SJD's window runs across row ends.
+
+A model may also define its guidance scale per position (Lumina-mGPT 2.0 lowers it over an image's
+first tokens). The scale is a function of the position alone, so the target law at each position is
+still fixed, and drafts and verification read the same one.
 """
 
 from __future__ import annotations
@@ -27,10 +31,13 @@ import torch
 @dataclass(frozen=True)
 class TokenConstraints:
     """``forced`` (N,) long: the token of each generated position, -1 where the model samples;
-    ``allowed`` (V,) bool or None: the tokens a sampled position may take (None: every token)."""
+    ``allowed`` (V,) bool or None: the tokens a sampled position may take (None: every token);
+    ``guidance`` (N,) float or None: the guidance scale at each generated position, in place of the
+    sampling's one scale (None: that scale everywhere; it needs sampling with guidance)."""
 
     forced: torch.Tensor
     allowed: torch.Tensor | None = None
+    guidance: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.forced.ndim != 1 or self.forced.dtype != torch.long:
@@ -41,6 +48,11 @@ class TokenConstraints:
                 raise ValueError("allowed must be a 1-D bool tensor over the vocabulary with at least one True")
             if bool((self.forced >= self.allowed.shape[0]).any()):
                 raise ValueError(f"a forced token lies outside the vocabulary of {self.allowed.shape[0]}")
+        if self.guidance is not None:
+            g = self.guidance
+            if g.shape != self.forced.shape or not g.is_floating_point() or bool((g < 0).any()):
+                raise ValueError(f"guidance must be a float tensor of {self.num_tokens} scales >= 0, one per "
+                                 f"position, got {tuple(g.shape)} {g.dtype}")
 
     @property
     def num_tokens(self) -> int:
@@ -52,6 +64,13 @@ class TokenConstraints:
         inside = positions < self.num_tokens
         forced = self.forced.to(positions.device)[positions.clamp(0, self.num_tokens - 1)]
         return torch.where(inside, forced, torch.full_like(forced, -1))
+
+    def guidance_at(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """(…, 1): the guidance scale at each of ``positions`` (positions past the end take the last
+        one), ready to broadcast over the vocabulary; None when the sampling's scale holds."""
+        if self.guidance is None:
+            return None
+        return self.guidance.to(positions.device)[positions.clamp(0, self.num_tokens - 1)][..., None]
 
     def allowed_mask(self, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """(…, V) bool: the tokens each of ``positions`` may take (just its token where forced)."""

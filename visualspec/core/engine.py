@@ -231,11 +231,9 @@ class _Rows:
 # ----------------------------------------------------------------------------------------------
 
 
-def _first_tokens(rule: Rule, sampling: SamplingConfig, logits: torch.Tensor, generator,
-                  allowed: torch.Tensor | None = None) -> torch.Tensor:
-    """Token 0 of each row straight from the prefill: one exact step with no drafts (``allowed``:
-    the tokens position 0 may take, see :meth:`_Run.allowed`)."""
-    p = sampling.probs(logits, allowed)
+def _first_tokens(rule: Rule, p: torch.Tensor, generator) -> torch.Tensor:
+    """Token 0 of each row straight from the prefill's distributions ``p`` (b, V): one exact step
+    with no drafts."""
     return rule(p.new_empty(p.shape[0], 0, dtype=torch.long), None, p[:, None], generator).next_tokens
 
 
@@ -249,6 +247,9 @@ class _Run:
         if constraints is not None and constraints.num_tokens != num_tokens:
             raise ValueError(f"the constraints cover {constraints.num_tokens} positions, but {num_tokens} tokens "
                              f"are to be generated")
+        if constraints is not None and constraints.guidance is not None and not sampling.uses_guidance:
+            raise ValueError("the constraints give per-position guidance scales, but the sampling uses no guidance "
+                             "(guidance_scale 1): the model batch has no unconditional rows to guide against")
         self.constraints = constraints
         self.t0 = time.perf_counter()
         self.target, self.N, self.sampling, self.drafter = target, num_tokens, sampling, drafter
@@ -276,8 +277,8 @@ class _Run:
         self.stats = DecodeStats(mode=mode, batch_size=total, num_tokens=num_tokens, target_forwards=1,
                                  slots=rows_in_model)
         every = torch.arange(rows_in_model, device=device)
-        self.rows.start(every, every, _first_tokens(rule, sampling, logits, self.rows.generator,
-                                                    self.allowed(torch.zeros_like(every))))
+        self.rows.start(every, every, _first_tokens(rule, self.probs(logits, torch.zeros_like(every)),
+                                                    self.rows.generator))
         self._count_first(rows_in_model)
         if drafter is not None:
             drafter.start(rows_in_model, num_tokens, sampling)
@@ -289,11 +290,13 @@ class _Run:
         if self.constraints is not None and int(self.constraints.forced[0]) >= 0:
             self.stats.structural_tokens += rows
 
-    def allowed(self, positions: torch.Tensor) -> torch.Tensor | None:
-        """The tokens each of ``positions`` (any shape) may take, or None without constraints."""
+    def probs(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The target's distributions at ``positions`` (b, ...) from its ``logits``: the sampling's,
+        with the constraints' allowed tokens and guidance scales at those positions, if any."""
         if self.constraints is None:
-            return None
-        return self.constraints.allowed_mask(positions, self.target.vocab_size)
+            return self.sampling.probs(logits)
+        return self.sampling.probs(logits, self.constraints.allowed_mask(positions, self.target.vocab_size),
+                                   self.constraints.guidance_at(positions))
 
     def _report(self, counts: torch.Tensor) -> None:
         if self.progress:
@@ -330,8 +333,7 @@ class _Run:
             new = torch.tensor(ids, dtype=torch.long, device=rows.req.device)
             gens = self.rows.all_generators
             gens = [gens[i] for i in ids] if isinstance(gens, (list, tuple)) else gens
-            rows.start(slots, new, _first_tokens(self.rule, self.sampling, logits, gens,
-                                                 self.allowed(torch.zeros_like(slots))))
+            rows.start(slots, new, _first_tokens(self.rule, self.probs(logits, torch.zeros_like(slots)), gens))
             self._count_first(len(slots))
             if self.drafter is not None:
                 self.drafter.reset(slots, ids)
@@ -449,7 +451,7 @@ def decode(
                                                                    siblings, min(sibling_depth, k), gens, run)
         else:
             logits = target.forward_window(rows.model(torch.cat([last, drafts], 1)), rows.model(n - 1))
-            target_probs = sampling.probs(logits, run.allowed(n[:, None] + torch.arange(k + 1, device=n.device)))
+            target_probs = run.probs(logits, n[:, None] + torch.arange(k + 1, device=n.device))
             verdict, committed = rule(drafts, draft_probs, target_probs, gens), drafts
         run.step_done()
         candidates = torch.cat([committed, verdict.next_tokens[:, None]], 1)
@@ -481,7 +483,7 @@ def _sibling_step(target, sampling, rows, last, drafts, draft_probs, siblings, d
     off = slice(k + 1, None)  # the nodes after the root and the chain: level depths[i], candidate choice[i]
     flat = torch.cat([last, drafts, candidates[:, depths[off] - 1, layout.choice.to(device)[off]]], 1)
     logits = target.forward_tree(rows.model(flat), depths, layout.ancestors.to(device), rows.model(rows.n - 1))
-    p = sampling.probs(logits, run.allowed(rows.n[:, None] + depths))  # (b, N, V)
+    p = run.probs(logits, rows.n[:, None] + depths)  # (b, N, V)
     verdict, committed, path = verify_sibling_tree(layout, candidates, q, drafts, draft_probs, p, gens)
     return verdict, committed, p[:, :k + 1], path
 

@@ -31,7 +31,7 @@ def exact_sequence_distribution(model: TokenModel, make_prefix: Callable[[int], 
     ``make_prefix(rows)`` returns the model prefix for ``rows`` copies of one condition (already
     doubled as [cond; uncond] when ``sampling`` uses guidance). With ``constraints`` only the
     sequences they allow are listed (forced positions hold their token, the others run over the
-    allowed tokens), with the constrained law.
+    allowed tokens), with the constrained law and the constraints' guidance scales, if any.
     """
     V = model.vocab_size
     if constraints is None:
@@ -42,12 +42,18 @@ def exact_sequence_distribution(model: TokenModel, make_prefix: Callable[[int], 
     seqs = torch.tensor(list(itertools.product(*choices)), dtype=torch.long)
     M = seqs.shape[0]
     positions = torch.arange(num_tokens).expand(M, num_tokens)
-    allowed = None if constraints is None else constraints.allowed_mask(positions, V)
-    first = sampling.probs(model.prefill(make_prefix(M), num_tokens), None if allowed is None else allowed[:, 0])
+    allowed = scales = None
+    if constraints is not None:
+        allowed, scales = constraints.allowed_mask(positions, V), constraints.guidance_at(positions)
+
+    def at(x, i):  # the positions i of a per-position tensor that may be None
+        return None if x is None else x[:, i]
+
+    first = sampling.probs(model.prefill(make_prefix(M), num_tokens), at(allowed, 0), at(scales, 0))
     logp = first.gather(1, seqs[:, :1]).log().squeeze(1)
     if num_tokens > 1:
         rest = sampling.probs(model.forward_window(sampling.model_batch(seqs[:, :-1]), 0),
-                              None if allowed is None else allowed[:, 1:])  # (M, N-1, V)
+                              at(allowed, slice(1, None)), at(scales, slice(1, None)))  # (M, N-1, V)
         logp = logp + rest.gather(2, seqs[:, 1:, None]).log().squeeze(2).sum(1)
     return seqs, logp.exp()
 

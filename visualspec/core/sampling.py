@@ -82,18 +82,22 @@ class SamplingConfig:
         else a sample (:func:`sample`)."""
         return probs.argmax(-1) if self.greedy else sample(probs, generator)
 
-    def guide(self, logits: torch.Tensor) -> torch.Tensor:
-        """Apply classifier-free guidance: rows [cond; uncond] (2B) -> B rows."""
+    def guide(self, logits: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply classifier-free guidance: rows [cond; uncond] (2B) -> B rows. ``scale`` (B, ..., 1),
+        if given, replaces ``guidance_scale`` per row and position."""
         if not self.uses_guidance:
             return logits
         cond, uncond = logits.float().chunk(2, dim=0)
-        return uncond + self.guidance_scale * (cond - uncond)
+        return uncond + (self.guidance_scale if scale is None else scale) * (cond - uncond)
 
-    def probs(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, allowed: torch.Tensor | None = None,
+              guidance: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (2B or B, ..., V) -> probabilities (B, ..., V) in float32. ``allowed`` (B, ..., V)
         bool keeps only those tokens, right after guidance (the epsilon cut-off then reads the
-        conditional logits with the same tokens kept); see :mod:`visualspec.core.constraints`."""
-        guided = self.guide(logits).float()
+        conditional logits with the same tokens kept); ``guidance`` (B, ..., 1) is the guidance
+        scale per row and position, in place of ``guidance_scale``; see
+        :mod:`visualspec.core.constraints` for both."""
+        guided = self.guide(logits, guidance).float()
         if allowed is not None:
             guided = guided.masked_fill(~allowed, float("-inf"))
         if self.epsilon_cutoff > 0:
