@@ -172,6 +172,10 @@ def test_the_command_line_generates_from_a_unified_folder(folder, tmp_path, caps
     assert out.is_file() and '"structural_tokens": 5' in capsys.readouterr().out
     assert main(["generate", PROMPT, "--model", str(folder), "--epsilon-cutoff", "0.01", "-o", str(out)]) == 2
     assert "--epsilon-cutoff is not built for unified-vocabulary models" in capsys.readouterr().err
+    assert main(["generate", PROMPT, "--model", str(folder), "--negative-prompt", "a photo of a blue square",
+                 "--guidance-schedule", "lumina2", "-o", str(out)]) == 0
+    assert main(["generate", PROMPT, "--model", str(folder), "--guidance-schedule", "cosine", "-o", str(out)]) == 2
+    assert "unknown guidance_schedule 'cosine'" in capsys.readouterr().err
 
 
 def test_batch_sizes_decode_alike_and_the_batch_command_resumes(pipe, folders, tmp_path, capsys):

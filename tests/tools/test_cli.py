@@ -33,6 +33,8 @@ def test_generate_is_repeatable_and_reports_bad_input(home, capsys):
     assert a.read_bytes() == b.read_bytes()
     assert main(["generate", "a photo of a blue square", "--window", "0", "-o", str(a)]) == 2
     assert "window" in capsys.readouterr().err
+    assert main(["generate", "a photo of a blue square", "--negative-prompt", "a red circle", "-o", str(a)]) == 2
+    assert "--negative-prompt is for unified-vocabulary models" in capsys.readouterr().err
 
 
 def test_bench_runs_every_mode_side_by_side(home):

@@ -119,7 +119,14 @@ def _window_arg(text: str):
         raise argparse.ArgumentTypeError(f"--window must be an integer >= 1 or 'auto', got {text!r}") from None
 
 
-def _decode_kwargs(args) -> dict:
+UNIFIED_ONLY = ("negative_prompt", "guidance_schedule")  # options only unified-vocabulary pipelines have
+
+
+def _decode_kwargs(args, unified: bool = False) -> dict:
+    given = [f"--{name.replace('_', '-')}" for name in UNIFIED_ONLY if getattr(args, name, None) is not None]
+    if given and not unified:
+        raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for unified-vocabulary models "
+                         f"(Lumina-mGPT, Emu3, Janus) only")
     kw = dict(guidance_scale=args.guidance_scale, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, epsilon_cutoff=args.epsilon_cutoff, window=args.window, jacobi_init=args.jacobi_init)
     if args.coupling is not None:
@@ -144,7 +151,8 @@ def _continuous_kwargs(args, mar: bool) -> dict:
                "--epsilon-cutoff": args.epsilon_cutoff, "--window": None if args.window == "auto" else args.window,
                "--coupling": args.coupling, "--gsd-group-size": args.gsd_group_size,
                "--siblings": args.siblings, "--sibling-depth": args.sibling_depth,
-               "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta}
+               "--jacobi-init": args.jacobi_init, "--lantern-k": args.lantern_k, "--lantern-delta": args.lantern_delta,
+               "--negative-prompt": args.negative_prompt, "--guidance-schedule": args.guidance_schedule}
     own_of = lambda name: getattr(args, name, None)  # noqa: E731 (batch has no MAR options)
     refused.update({"--gamma": own_of("gamma"), "--prefill": own_of("prefill"), "--num-steps": own_of("num_steps")}
                    if mar else
@@ -170,7 +178,8 @@ def _continuous_kwargs(args, mar: bool) -> dict:
 def _unified_kwargs(args) -> dict:
     """The options of a unified-vocabulary pipeline (Lumina-mGPT's layout) from the command line;
     the options it does not have are refused by name."""
-    kw = _decode_kwargs(args)
+    kw = _decode_kwargs(args, unified=True)
+    kw.update({name: getattr(args, name) for name in UNIFIED_ONLY if getattr(args, name, None) is not None})
     given = [f"--{name.replace('_', '-')}" for name in ("epsilon_cutoff", "gsd_group_size", "siblings", "sibling_depth")
              if kw.pop(name, None) is not None]
     others = (("--class-label", getattr(args, "class_label", None)),
@@ -606,6 +615,12 @@ def _add_decoding_args(p):
                    help="for --decoding speculative: a smaller LlamaGen of the same vocabulary (its pipeline folder, "
                         "or its GPT folder)")
     p.add_argument("--guidance-scale", type=float, default=None)
+    p.add_argument("--negative-prompt", default=None,
+                   help="unified-vocabulary models: the text guidance steers away from (default: the family's own "
+                        "unconditional context)")
+    p.add_argument("--guidance-schedule", default=None,
+                   help="unified-vocabulary models: constant, or Lumina-mGPT 2.0's (falls to 4 over the first "
+                        "tokens; default: the model's own)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default: the model's own (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0)
