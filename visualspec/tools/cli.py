@@ -46,6 +46,16 @@ def default_model() -> tuple[str, str]:
     return str(shipped), "shipped shapes model"
 
 
+def shipped_or_path(model: str) -> str:
+    """``model`` as given, or the shipped folder of that name (``shapes-lumina``) when no such path
+    exists here."""
+    from ..assets import ASSETS
+
+    if not Path(model).exists() and "/" not in model and (ASSETS / model / "model_index.json").is_file():
+        return str(ASSETS / model)
+    return model
+
+
 def tiny_random_folder() -> str:
     """The tiny random model's folder in the cache, built offline on first use."""
     from ..pipelines.tiny import tiny_random_pipeline
@@ -62,7 +72,7 @@ def load_pipeline(model: str | None, draft_model: str | None = None):
     from ..pipelines import (ContinuousARPipeline, LlamaGenPipeline, MARPipeline, UnifiedARPipeline,
                              VisualSpecPipeline)
 
-    folder, description = (model, model) if model else default_model()
+    folder, description = (shipped_or_path(model), model) if model else default_model()
     print(f"model: {description}", file=sys.stderr)
     pipe = VisualSpecPipeline.from_pretrained(folder)
     if draft_model and isinstance(pipe, (MARPipeline, ContinuousARPipeline, UnifiedARPipeline)):
