@@ -173,7 +173,7 @@ def test_the_command_line_generates_from_a_unified_folder(folder, tmp_path, caps
     assert main(["generate", PROMPT, "--model", str(folder), "--epsilon-cutoff", "0.01", "-o", str(out)]) == 2
     assert "--epsilon-cutoff is not built for unified-vocabulary models" in capsys.readouterr().err
     assert main(["generate", PROMPT, "--model", str(folder), "--negative-prompt", "a photo of a blue square",
-                 "--guidance-schedule", "lumina2", "-o", str(out)]) == 0
+                 "--guidance-schedule", "lumina2", "--guidance-scale", "7", "-o", str(out)]) == 0
     assert main(["generate", PROMPT, "--model", str(folder), "--guidance-schedule", "cosine", "-o", str(out)]) == 2
     assert "unknown guidance_schedule 'cosine'" in capsys.readouterr().err
 
