@@ -105,7 +105,7 @@ class UnifiedARPipeline(VisualSpecPipeline):
         if sizes and [w * patch, h * patch] not in [list(size) for size in sizes]:
             warnings.warn(f"{w * patch}x{h * patch} is not a size this checkpoint was trained at; its size tokens are "
                           f"forced to it, but the images may be poor (trained sizes include "
-                          f"{', '.join(f'{a}x{b}' for a, b in list(sizes)[:4])}, ...)", stacklevel=3)
+                          f"{', '.join(f'{a}x{b}' for a, b in list(sizes)[:4])}, ...)", stacklevel=4)
         return h, w
 
     def neighbour_table(self, k: int) -> torch.Tensor:
@@ -279,7 +279,7 @@ class UnifiedARPipeline(VisualSpecPipeline):
         scale = sampling.guidance_scale
         if scale < 4:
             warnings.warn(f"Lumina-mGPT 2.0's guidance schedule never goes below 4: guidance_scale={scale} acts as 4 "
-                          f"(guidance_schedule='constant' keeps {scale})", stacklevel=3)
+                          f"(guidance_schedule='constant' keeps {scale})", stacklevel=4)
         cell = self.config.grid_cell_codes
         return lumina2_guidance(scale, layout.num_tokens, (layout.height // cell) * (layout.width // cell))
 
