@@ -48,7 +48,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
     the 32-pixel cell its size tokens count: 2 for Lumina-mGPT 1, 4 for 2.0) and
     ``code_token_offset`` (2.0: code c is token ``155000 + c``; None: the vocabulary names them),
     ``trained_sizes`` (the ``[width, height]`` pixel sizes the checkpoint was trained at; None:
-    not recorded) and sampling defaults (``default_guidance_schedule``: ``"constant"``, or
+    not recorded) and sampling defaults (``default_epsilon_cutoff``, see
+    :class:`visualspec.core.sampling.SamplingConfig`; ``default_guidance_schedule``: ``"constant"``, or
     ``"lumina2"``, Lumina-mGPT 2.0's, see :func:`visualspec.models.unified_ar.lumina2_guidance`).
     """
 
@@ -60,8 +61,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
                  grid_tokens: bool = True, grid_cell_codes: int = 2, code_token_offset: int | None = None,
                  trained_sizes: list | None = None, default_guidance_scale: float = 3.0,
                  default_guidance_schedule: str = "constant", default_top_k: int = 0,
-                 default_jacobi_init: str = "repeat_above", default_lantern_k: int = 16,
-                 default_lantern_delta: float = 0.05):
+                 default_epsilon_cutoff: float = 0.0, default_jacobi_init: str = "repeat_above",
+                 default_lantern_k: int = 16, default_lantern_delta: float = 0.05):
         super().__init__()
         unified_family(transformer, vq_model).check_components()
         self.register_modules(transformer=transformer, tokenizer=tokenizer, vq_model=vq_model)
@@ -70,8 +71,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
                                 code_token_offset=code_token_offset, trained_sizes=trained_sizes,
                                 default_guidance_scale=default_guidance_scale,
                                 default_guidance_schedule=default_guidance_schedule, default_top_k=default_top_k,
-                                default_jacobi_init=default_jacobi_init, default_lantern_k=default_lantern_k,
-                                default_lantern_delta=default_lantern_delta)
+                                default_epsilon_cutoff=default_epsilon_cutoff, default_jacobi_init=default_jacobi_init,
+                                default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta)
 
     @property
     def family(self):
@@ -118,7 +119,7 @@ class UnifiedARPipeline(VisualSpecPipeline):
             raise ValueError(f"the image tokenizer has {codebook.shape[0]} codes, the vocabulary "
                              f"{len(layout.code_tokens)} image code tokens")
         l2 = bool(getattr(family.image_tokenizer.config, "codebook_l2_norm", False))
-        near = nearest_codes(codebook, k, l2_normalize=l2)
+        near = nearest_codes(codebook, k, l2_normalize=l2).cpu()  # the table is built on the CPU, then moved
         tokens = torch.tensor(layout.code_tokens)
         table = torch.arange(V)[:, None].repeat(1, k)
         table[tokens] = tokens[near.long()]
@@ -201,19 +202,21 @@ class UnifiedARPipeline(VisualSpecPipeline):
     @torch.no_grad()
     def __call__(self, prompt, *, negative_prompt=None, decoding: str = "sjd", num_images_per_prompt: int = 1,
                  guidance_scale: float | None = None, guidance_schedule: str | None = None,
-                 temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float = 1.0, window="auto", jacobi_init: str | None = None, coupling: bool = False,
-                 lantern_k: int | None = None, lantern_delta: float | None = None, height: int | None = None,
-                 width: int | None = None, batch_size: int | None = None, seed: int | None = None, generator=None,
-                 output_type: str = "pil", return_dict: bool = True):
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
+                 epsilon_cutoff: float | None = None, window="auto", jacobi_init: str | None = None,
+                 coupling: bool = False, lantern_k: int | None = None, lantern_delta: float | None = None,
+                 height: int | None = None, width: int | None = None, batch_size: int | None = None,
+                 seed: int | None = None, generator=None, output_type: str = "pil", return_dict: bool = True):
         """Generate images: ``decoding`` ``"ar"``, ``"sjd"`` (lossless) or ``"lantern"`` (lossy: a
         draft may take the mass of its ``lantern_k`` nearest codes up to ``lantern_delta``),
         ``height`` and ``width`` in pixels (None: the folder's size), ``batch_size`` images at a
         time (None: all; these models decode in fixed batches, one after another, without the
         LlamaGen pipeline's refilling of finished rows), and the LlamaGen pipeline's conventions
-        for the rest (``window="auto"`` measures window costs once per batch size on this machine;
-        ``seed`` or one generator per image; ``output_type`` ``"pil"``, ``"np"``, ``"pt"`` or
-        ``"latent"``: the generated tokens, row ends included).
+        for the rest (``epsilon_cutoff``, None: the folder's, drops the image codes to which the
+        conditional model gives less than that probability; ``window="auto"`` measures window
+        costs once per batch size on this machine; ``seed`` or one generator per image;
+        ``output_type`` ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"``: the generated tokens, row
+        ends included).
 
         Guidance: ``negative_prompt`` (one string, or one per prompt) makes the unconditional rows
         that text, written as a prompt is (as Emu3's model card guides), in place of the family's
@@ -235,7 +238,9 @@ class UnifiedARPipeline(VisualSpecPipeline):
             raise ValueError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
         guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
         top_k = self.config.default_top_k if top_k is None else top_k
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        epsilon_cutoff = self.config.default_epsilon_cutoff if epsilon_cutoff is None else epsilon_cutoff
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale,
+                                  epsilon_cutoff=epsilon_cutoff)
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
         if negatives is not None:
             negatives = [p for p in negatives for _ in range(num_images_per_prompt)]

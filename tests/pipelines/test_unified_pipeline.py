@@ -156,6 +156,20 @@ def test_components_that_do_not_fit_the_family_get_clear_errors(pipe):
         UnifiedARPipeline(transformer=emu3.transformer, tokenizer=emu3.tokenizer, vq_model=pipe.vq_model)
 
 
+def test_the_epsilon_cut_off_reads_the_conditional_model_among_image_codes(pipe):
+    """A cut-off just below 1 leaves each position only the image code the conditional model finds
+    likeliest: the seed no longer matters, and SJD gives AR's tokens. Without it, seeds differ."""
+    def tokens(decoding, seed, epsilon):
+        return pipe(PROMPT, decoding=decoding, seed=seed, epsilon_cutoff=epsilon, guidance_scale=3.0, window=4,
+                    output_type="latent").images
+
+    assert not torch.equal(tokens("ar", 0, 0.0), tokens("ar", 1, 0.0))
+    cut = tokens("ar", 0, 0.999)
+    assert torch.equal(cut, tokens("ar", 1, 0.999)) and torch.equal(cut, tokens("sjd", 2, 0.999))
+    codes = pipe.layout.codes(cut)  # only image codes, the layout's tokens still forced
+    assert codes.min() >= 0 and pipe.config.default_epsilon_cutoff == 0.0
+
+
 def test_bad_prompts_get_clear_errors(pipe):
     with pytest.raises(ValueError, match="non-empty string"):
         pipe(" ")
@@ -170,8 +184,9 @@ def test_the_command_line_generates_from_a_unified_folder(folder, tmp_path, caps
     assert main(["generate", PROMPT, "--model", str(folder), "--seed", "0", "-o", str(out), "--stats",
                  "--window", "4"]) == 0
     assert out.is_file() and '"structural_tokens": 5' in capsys.readouterr().out
-    assert main(["generate", PROMPT, "--model", str(folder), "--epsilon-cutoff", "0.01", "-o", str(out)]) == 2
-    assert "--epsilon-cutoff is not built for unified-vocabulary models" in capsys.readouterr().err
+    assert main(["generate", PROMPT, "--model", str(folder), "--epsilon-cutoff", "0.01", "-o", str(out)]) == 0
+    assert main(["generate", PROMPT, "--model", str(folder), "--gsd-group-size", "2", "-o", str(out)]) == 2
+    assert "--gsd-group-size is not built for unified-vocabulary models" in capsys.readouterr().err
     assert main(["generate", PROMPT, "--model", str(folder), "--negative-prompt", "a photo of a blue square",
                  "--guidance-schedule", "lumina2", "--guidance-scale", "7", "-o", str(out)]) == 0
     assert main(["generate", PROMPT, "--model", str(folder), "--guidance-schedule", "cosine", "-o", str(out)]) == 2

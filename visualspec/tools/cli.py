@@ -190,7 +190,7 @@ def _unified_kwargs(args) -> dict:
     the options it does not have are refused by name."""
     kw = _decode_kwargs(args, unified=True)
     kw.update({name: getattr(args, name) for name in UNIFIED_ONLY if getattr(args, name, None) is not None})
-    given = [f"--{name.replace('_', '-')}" for name in ("epsilon_cutoff", "gsd_group_size", "siblings", "sibling_depth")
+    given = [f"--{name.replace('_', '-')}" for name in ("gsd_group_size", "siblings", "sibling_depth")
              if kw.pop(name, None) is not None]
     others = (("--class-label", getattr(args, "class_label", None)),
               ("--acceptance-map", getattr(args, "acceptance_map", None)))
