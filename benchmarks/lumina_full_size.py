@@ -15,12 +15,16 @@ top-k 2000, Lumina-mGPT 1's defaults. The image tokenizer's decode is not timed.
 
 What random weights do and do not tell: the cost of each forward (one token, or a window of W)
 is the real model's, so ``ms / forward`` and the window-cost table hold for the trained model too;
-how many drafts are accepted is not (a trained model accepts more), so SJD's speed-up here is the
-worst case. The window-cost table with a trained model's tokens per forward gives its speed-up.
+how many drafts are accepted is not (random weights accept almost none), so SJD's speed-up here
+is not a trained model's. The window-cost table with a trained model's tokens per forward gives its speed-up.
+A whole image's cache is filled once, untimed, before the timed runs: the cache grows by
+concatenation, so the first decode to reach a length may pay the GPU allocator for it (the likely
+cause, not established, of AR's slow steps when it ran first without this on 2026-11-26).
 
 It prints the machine, the window-cost table (ms per forward of W tokens at the middle of the
-image, median of 5), then per mode: target forwards, tokens per forward, seconds per image,
-milliseconds per forward and the weight bandwidth of a forward (parameter bytes / time).
+image, median of 5), then per mode (the median of ``--rounds`` rounds, the modes in turn): target
+forwards, tokens per forward, seconds per image, milliseconds per forward and the weight bandwidth
+of a forward (parameter bytes / time).
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ def main(argv=None):
     parser.add_argument("--prompt-tokens", type=int, default=64, help="random text tokens in the prompt")
     parser.add_argument("--sjd-windows", nargs="+", default=["auto", "16"],
                         help="SJD runs: a fixed window W, or 'auto' (the pipeline's default policy)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the modes in turn this many times; each mode's median round is reported")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the same vocabulary")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--profile", action="store_true",
@@ -164,35 +170,36 @@ def main(argv=None):
         with profile(activities=activities) as prof:
             run_mode(target, warm_prefix, small, sampling, None, 0, args.device)
         key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-        for sort in ("self_cpu_time_total", key):
+        for sort in dict.fromkeys(("self_cpu_time_total", key)):
             print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
 
     costs = measure_window_costs(target, prefix, layout.num_tokens, WINDOWS)
-    # a whole image's cache once, untimed: the cache grows by concatenation, and the first decode to
-    # reach a length pays the allocator for it (the runs of 2026-11-26 timed AR first, without this)
+    # a whole image's cache once, untimed (see the module's docstring)
     first = target.prefill(prefix, layout.num_tokens)
     target.forward_window(torch.zeros(first.shape[0], layout.num_tokens, dtype=torch.long, device=first.device), 0)
     print("\n| W | ms / forward | x W=1 |\n| ---: | ---: | ---: |")
     for w, c in costs.items():
         print(f"| {w} | {1e3 * c:.2f} | {c / costs[1]:.2f} |")
 
-    results = {}
+    rounds = {}
     runs = [("AR", None)] + [(f"SJD W={w}", WindowPolicy({prefix_rows(prefix): costs}) if w == "auto" else int(w))
                              for w in args.sjd_windows]
-    for name, window in runs:
-        if torch.device(args.device).type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        r = run_mode(target, prefix, layout, sampling, window, 1234, args.device)
-        r.pop("tokens")
-        if torch.device(args.device).type == "cuda":
-            r["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-        r["weight_gb_per_s"] = weight_bytes / (r["ms_per_forward"] / 1e3) / 1e9
-        results[name] = r
-        print(json.dumps({name: {k: round(v, 4) for k, v in r.items()}}), flush=True)
+    for _ in range(args.rounds):  # modes in turn, so a passing slowdown hits them alike
+        for name, window in runs:
+            if torch.device(args.device).type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            r = run_mode(target, prefix, layout, sampling, window, 1234, args.device)
+            r.pop("tokens")
+            if torch.device(args.device).type == "cuda":
+                r["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+            r["weight_gb_per_s"] = weight_bytes / (r["ms_per_forward"] / 1e3) / 1e9
+            rounds.setdefault(name, []).append(r)
+            print(json.dumps({name: {k: round(v, 4) for k, v in r.items()}}), flush=True)
+    results = {name: sorted(rs, key=lambda r: r["seconds"])[(len(rs) - 1) // 2] for name, rs in rounds.items()}
 
     ar = results["AR"]
     print(f"\n{layout.num_tokens} tokens per image ({side}x{side} codes and row ends), batch 1, "
-          f"{info['machine']}, {args.dtype}\n")
+          f"{info['machine']}, {args.dtype}, median of {args.rounds} round(s)\n")
     print("| mode | forwards | tokens / forward | s / image | ms / forward | weights GB/s | speed-up |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in results.items():
