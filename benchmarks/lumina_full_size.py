@@ -39,7 +39,7 @@ import torch
 
 from visualspec.core.engine import decode
 from visualspec.core.sampling import SamplingConfig
-from visualspec.core.window import WindowPolicy, machine_name, measure_window_costs, prefix_rows
+from visualspec.core.window import WindowPolicy, machine_name, measure_window_costs, prefix_rows, synchronize
 from visualspec.drafters import JacobiDrafter
 from visualspec.models.unified_ar import UnifiedImageLM, chameleon_layout
 
@@ -94,11 +94,6 @@ def model_prefix(layout, vocab: dict, prompt_tokens: int, device, guided: bool):
     return ids, mask
 
 
-def synchronize(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def run_mode(target, prefix, layout, sampling, window, seed: int, device):
     """One image; returns its timings and statistics."""
     drafter = None if window is None else JacobiDrafter(target.vocab_size, "repeat_above",
@@ -134,13 +129,13 @@ def main(argv=None):
     if args.size % 32:
         raise SystemExit(f"--size must be a multiple of 32 pixels (Lumina's size tokens count 32-pixel cells), "
                          f"got {args.size}")
-    dtype = getattr(torch, args.dtype)
+    dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     side = args.size // 16
     dims = TINY if args.tiny else FULL
 
     t0 = time.perf_counter()
-    model = build_model(dims, args.device, dtype)
-    synchronize(args.device)
+    model = build_model(dims, device, dtype)
+    synchronize(device)
     build_s = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
     vq = sum(p.numel() for p in model.model.vqmodel.parameters())
@@ -148,10 +143,10 @@ def main(argv=None):
     target = UnifiedImageLM(model)
     layout = chameleon_layout(model.config.vocabulary_map, side, side)
     sampling = SamplingConfig(guidance_scale=4.0, top_k=2000)
-    prefix = model_prefix(layout, model.config.vocabulary_map, args.prompt_tokens, args.device, True)
+    prefix = model_prefix(layout, model.config.vocabulary_map, args.prompt_tokens, device, True)
 
     import transformers
-    info = dict(machine=machine_name(args.device), platform=platform.platform(), torch=torch.__version__,
+    info = dict(machine=machine_name(device), platform=platform.platform(), torch=torch.__version__,
                 transformers=transformers.__version__, dtype=args.dtype, size=args.size,
                 tokens_per_image=layout.num_tokens, prompt_tokens=prefix[0].shape[1],
                 parameters_decoder=params - vq, build_s=round(build_s, 1), tiny=args.tiny)
@@ -159,16 +154,16 @@ def main(argv=None):
 
     # warm-up: a small image through both paths (kernels, allocator)
     small = chameleon_layout(model.config.vocabulary_map, 4, 4)
-    warm_prefix = model_prefix(small, model.config.vocabulary_map, args.prompt_tokens, args.device, True)
+    warm_prefix = model_prefix(small, model.config.vocabulary_map, args.prompt_tokens, device, True)
     for window in (None, 8):
-        run_mode(target, warm_prefix, small, sampling, window, 0, args.device)
+        run_mode(target, warm_prefix, small, sampling, window, 0, device)
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with profile(activities=activities) as prof:
-            run_mode(target, warm_prefix, small, sampling, None, 0, args.device)
+            run_mode(target, warm_prefix, small, sampling, None, 0, device)
         key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         for sort in dict.fromkeys(("self_cpu_time_total", key)):
             print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
@@ -186,11 +181,11 @@ def main(argv=None):
                              for w in args.sjd_windows]
     for _ in range(args.rounds):  # modes in turn, so a passing slowdown hits them alike
         for name, window in runs:
-            if torch.device(args.device).type == "cuda":
+            if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            r = run_mode(target, prefix, layout, sampling, window, 1234, args.device)
+            r = run_mode(target, prefix, layout, sampling, window, 1234, device)
             r.pop("tokens")
-            if torch.device(args.device).type == "cuda":
+            if device.type == "cuda":
                 r["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
             r["weight_gb_per_s"] = weight_bytes / (r["ms_per_forward"] / 1e3) / 1e9
             rounds.setdefault(name, []).append(r)

@@ -87,16 +87,16 @@ def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Seque
     for _ in range(repeats + 1):  # round one is the warm-up; rounds interleave the windows, so a
         for w in windows:         # passing slowdown of a shared machine hits them all alike
             tokens = torch.zeros(rows, w, dtype=torch.long, device=device)
-            _synchronize(device)
+            synchronize(device)
             t0 = _clock()
             forward(tokens, start)
-            _synchronize(device)
+            synchronize(device)
             times[w].append(_clock() - t0)
             model.crop(start)
     return {w: statistics.median(t[1:]) for w, t in times.items()}
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on an accelerator (CUDA, MPS, XPU); nothing on a CPU."""
     backend = getattr(torch, device.type, None) if device.type != "cpu" else None
     if backend is not None and hasattr(backend, "synchronize"):
