@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_hf, tiny_llamagen
-from test_verify import accept_with_p_rule
+from drafters.harness import GUIDED, PLAIN, SAMPLES, N, V, accept_with_p_rule, labels_prefix
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter
 from visualspec.core.engine import decode
 from visualspec.models.hf import HFCausalLM
@@ -19,17 +19,7 @@ from visualspec.core.sampling import SamplingConfig
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.verify import Verdict, point_mass, speculative_verify
 
-N, V, SAMPLES = 4, 4, 24000
 COUPLED_SAMPLES = 40000
-PLAIN = SamplingConfig()
-GUIDED = SamplingConfig(guidance_scale=2.5, temperature=0.8, top_k=3, top_p=0.95)
-
-
-def labels_prefix(sampling, label=1):
-    def make(rows):
-        labels = [label] * rows + ([3] * rows if sampling.uses_guidance else [])  # 3 = null class
-        return torch.tensor(labels)
-    return make
 
 
 def batch_wrong_rule(draft_tokens, draft_probs, target_probs, generator):

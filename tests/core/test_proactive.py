@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from conftest import tiny_llamagen
-from test_lossless import GUIDED, PLAIN, N, V, labels_prefix
+from drafters.harness import GUIDED, PLAIN, RAGGED_GUIDED, N, V, labels_prefix
+from drafters.harness import class_labels as _labels, generators as _generators, jacobi as _jacobi
 from visualspec.core import proactive
 from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
@@ -149,7 +150,6 @@ def test_tree_costs_are_interpolated_from_the_window_table():
 def test_a_row_of_a_sibling_tree_decodes_alike_alone_in_a_batch_and_in_a_queue():
     """Ragged rows and continuous batching with trees: the scratch slots survive select() and
     refills, and a row's tokens depend only on its generator."""
-    from test_ragged import GUIDED as RAGGED_GUIDED, _generators, _jacobi, _labels
     from visualspec.core.engine import Requests
 
     model = tiny_llamagen(seed=2, vocab_size=16, block_size=16, std=0.3)

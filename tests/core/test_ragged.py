@@ -11,26 +11,12 @@ import pytest
 import torch
 
 from conftest import tiny_hf, tiny_llamagen
+from drafters.harness import PLAIN, RAGGED_GUIDED as GUIDED
+from drafters.harness import class_labels as _labels, generators as _generators, jacobi as _jacobi
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter
 from visualspec.core.engine import Requests, decode
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.sampling import SamplingConfig
-
-GUIDED = SamplingConfig(guidance_scale=2.0, temperature=0.9)
-PLAIN = SamplingConfig()
-
-
-def _labels(ids, sampling):
-    labels = torch.tensor([i % 3 for i in ids])
-    return torch.cat([labels, torch.full_like(labels, 3)]) if sampling.uses_guidance else labels
-
-
-def _generators(seeds):
-    return [torch.Generator().manual_seed(s) for s in seeds]
-
-
-def _jacobi(coupling=False):
-    return JacobiDrafter(16, "repeat_above", grid_width=4, coupling=coupling)
 
 
 @pytest.mark.parametrize("coupling", [False, True], ids=["sjd", "sjd-coupled"])

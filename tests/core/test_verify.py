@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from drafters.harness import accept_with_p_rule
 from visualspec.core.lossless import chi_square_fit
 from visualspec.core.verify import (Verdict, greedy_verify, lantern_relaxation, lantern_verify, relaxed_distribution,
                                speculative_verify)
@@ -41,18 +42,6 @@ def test_exact_rule_acceptance_rate_is_sum_of_min():
     alpha = torch.minimum(p, q).sum().item()
     rate = verdict.num_accepted.double().mean().item()
     assert abs(rate - alpha) < 6 * (alpha * (1 - alpha) / n) ** 0.5
-
-
-def accept_with_p_rule(draft_tokens, draft_probs, target_probs, generator):
-    """A deliberately wrong rule: accept with p(x) instead of min(1, p(x)/q(x)), residual as usual."""
-    n = draft_tokens.shape[0]
-    p_x = target_probs[:, 0].gather(-1, draft_tokens).squeeze(-1)
-    accept = torch.rand(n, generator=generator, dtype=torch.float64) < p_x.double()
-    residual = (target_probs[:, 0] - draft_probs[:, 0]).clamp(min=0)
-    mass = residual.sum(-1, keepdim=True)
-    residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), target_probs[:, 0])
-    resampled = torch.multinomial(residual, 1, generator=generator)[:, 0]
-    return Verdict(accept.long(), resampled)
 
 
 def resample_from_p_rule(draft_tokens, draft_probs, target_probs, generator):

@@ -5,6 +5,7 @@ saves and loads, and bad input is refused."""
 import pytest
 import torch
 
+from drafters.harness import generators as _gens
 from visualspec.core.engine import decode_continuous
 from visualspec.drafters import ContinuousDraftModelDrafter
 from visualspec.models.continuous_ar import ContinuousARTransformer
@@ -29,10 +30,6 @@ LABELS = torch.tensor([1, 2, 3])
 
 def _prefix(model, guidance):
     return LABELS if guidance == 1.0 else torch.cat([LABELS, model.null_condition(len(LABELS))])
-
-
-def _gens(seeds=(0, 1, 2)):
-    return [torch.Generator().manual_seed(s) for s in seeds]
 
 
 @pytest.mark.parametrize("guidance", [1.0, 3.0])

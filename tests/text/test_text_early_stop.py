@@ -6,14 +6,12 @@ import pytest
 import torch
 
 from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
+from drafters.harness import PROMPT, N, V
 from visualspec.drafters import DraftModelDrafter
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.sampling import SamplingConfig
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.text import generate_text
-
-N, V = 4, 4
-PROMPT = [0, 2, 1]
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from conftest import TEXT_PROMPTS, generate_reference, tiny_hf, tiny_llamagen
+from drafters.harness import FILTERED, PLAIN, PROMPT, SAMPLES, STAND_PROMPT, N, V
+from drafters.harness import llama4  # noqa: F401 (a fixture, used by name)
 from visualspec.drafters import StandDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.multidraft import rsd_verify
@@ -15,11 +17,6 @@ from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution
 from visualspec.text import generate_text
 
 PROMPTS = TEXT_PROMPTS
-N, V, SAMPLES = 4, 4, 24000  # the harness of test_lossless: 4 tokens of a 4-token vocabulary
-PLAIN = SamplingConfig()
-FILTERED = SamplingConfig(temperature=0.8, top_k=3, top_p=0.95)
-PROMPT = [0, 2, 1]
-STAND_PROMPT = [1, 0, 2, 0, 1]  # contexts with several successors: many STAND drafts are random (20-60%)
 
 gen = None  # the randomness of drafter calls in tests that set none
 
@@ -91,12 +88,6 @@ class ForgetsTheTrim(VocabTrimDrafter):
         self.claims = []
         drafts, q = super().propose(tokens, n, k, generator)
         return drafts, (torch.stack(self.claims, 1) if self.claims else q)
-
-
-@pytest.fixture(scope="module")
-def llama4():
-    """Target: tiny Llama over 4 tokens; draft: another one that puts 0.57 on token 2 after the prompt."""
-    return HFCausalLM(tiny_hf("llama", vocab_size=V)), tiny_hf("llama", seed=2, vocab_size=V)
 
 
 @pytest.mark.parametrize("sampling, ngram", [(PLAIN, 2), (FILTERED, 1)],

@@ -9,20 +9,16 @@ import pytest
 import torch
 
 from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
+from drafters.harness import FILTERED, PLAIN, PROMPT, SAMPLES, STAND_PROMPT, N, V
+from drafters.harness import llama4  # noqa: F401 (a fixture, used by name)
 from visualspec.drafters import DraftModelDrafter, StandDrafter
 from visualspec.core.engine import decode_tree
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.multidraft import DraftTree, recursive_iid_verify, rsd_verify, spectr_verify
-from visualspec.core.sampling import SamplingConfig
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.text import generate_text
 
 PROMPTS = TEXT_PROMPTS
-N, V, SAMPLES = 4, 4, 24000  # as in test_lossless: every sequence of 4 tokens over 4 tokens
-PLAIN = SamplingConfig()
-FILTERED = SamplingConfig(temperature=0.8, top_k=3, top_p=0.95)
-PROMPT = [0, 2, 1]
-STAND_PROMPT = [1, 0, 2, 0, 1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,12 +91,6 @@ def test_a_draft_of_the_target_itself_is_accepted_whole(tokenizer):
 # ----------------------------------------------------------------------------------------------
 # losslessness under sampling
 # ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def llama4():
-    """Target and draft: two different tiny Llamas over 4 tokens."""
-    return HFCausalLM(tiny_hf("llama", vocab_size=V)), tiny_hf("llama", seed=2, vocab_size=V)
 
 
 def tree_fit(target, sampling, drafter_factory, rule, prompt=PROMPT, branches=2, depth=2, samples=SAMPLES):

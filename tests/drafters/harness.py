@@ -1,0 +1,68 @@
+"""The losslessness harness's shared pieces: sizes, sampling settings, prompts and prefixes, a
+wrong acceptance rule used as a control, and the ragged-batch helpers (labels, generators, a
+Jacobi drafter)."""
+
+import pytest
+import torch
+
+from conftest import tiny_hf
+from visualspec.core.sampling import SamplingConfig
+from visualspec.core.verify import Verdict
+from visualspec.drafters import JacobiDrafter
+from visualspec.models.hf import HFCausalLM
+
+# ------------------------------------------------------------------ exact-enumeration harness
+
+N, V, SAMPLES = 4, 4, 24000  # 4 tokens of a 4-token vocabulary (256 sequences), 24,000 samples per fit
+PLAIN = SamplingConfig()
+GUIDED = SamplingConfig(guidance_scale=2.5, temperature=0.8, top_k=3, top_p=0.95)
+FILTERED = SamplingConfig(temperature=0.8, top_k=3, top_p=0.95)
+PROMPT = [0, 2, 1]
+STAND_PROMPT = [1, 0, 2, 0, 1]  # contexts with several successors: many STAND drafts are random (20-60%)
+
+
+def labels_prefix(sampling, label=1):
+    def make(rows):
+        labels = [label] * rows + ([3] * rows if sampling.uses_guidance else [])  # 3 = null class
+        return torch.tensor(labels)
+    return make
+
+
+def accept_with_p_rule(draft_tokens, draft_probs, target_probs, generator):
+    """A deliberately wrong rule: accept with p(x) instead of min(1, p(x)/q(x)), residual as usual."""
+    n = draft_tokens.shape[0]
+    p_x = target_probs[:, 0].gather(-1, draft_tokens).squeeze(-1)
+    accept = torch.rand(n, generator=generator, dtype=torch.float64) < p_x.double()
+    residual = (target_probs[:, 0] - draft_probs[:, 0]).clamp(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), target_probs[:, 0])
+    resampled = torch.multinomial(residual, 1, generator=generator)[:, 0]
+    return Verdict(accept.long(), resampled)
+
+
+@pytest.fixture(scope="module")
+def llama4():
+    """Target and draft: two different tiny Llamas over V = 4 tokens (the draft puts 0.57 on token 2
+    after PROMPT)."""
+    return HFCausalLM(tiny_hf("llama", vocab_size=V)), tiny_hf("llama", seed=2, vocab_size=V)
+
+
+# ------------------------------------------------------------------------------ ragged batches
+
+RAGGED_GUIDED = SamplingConfig(guidance_scale=2.0, temperature=0.9)
+
+
+def class_labels(ids, sampling):
+    """Class labels ``id % 3`` of the rows ``ids``, then as many null labels (3) under guidance."""
+    labels = torch.tensor([i % 3 for i in ids])
+    return torch.cat([labels, torch.full_like(labels, 3)]) if sampling.uses_guidance else labels
+
+
+def generators(seeds=(0, 1, 2)):
+    """One seeded generator per row."""
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+def jacobi(coupling=False):
+    """The ragged tests' Jacobi drafter over 16 tokens."""
+    return JacobiDrafter(16, "repeat_above", grid_width=4, coupling=coupling)
