@@ -39,6 +39,7 @@ import math
 import torch
 from torch import nn
 
+from visualspec.core.checks import check_int
 from visualspec.core.continuous import Gaussian, head_noise
 from visualspec.core.sampling import normal
 
@@ -132,8 +133,7 @@ class AdaLNMLP(nn.Module):
 def space_timesteps(num_timesteps: int, count: int) -> list[int]:
     """``count`` of the steps 0..num_timesteps-1, evenly spread with rounding, first and last
     included (improved DDPM's respacing with one section)."""
-    if not 1 <= count <= num_timesteps:
-        raise ValueError(f"num_sampling_steps must be in [1, {num_timesteps}], got {count}")
+    check_int("num_sampling_steps", count, 1, high=num_timesteps)
     if count == 1:
         return [0]
     stride = (num_timesteps - 1) / (count - 1)

@@ -40,6 +40,8 @@ from torch import nn
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
+from visualspec.core.checks import check_int
+
 from .checkpoints import load_state_dict_strict, read_checkpoint
 
 __all__ = ["LlamaGenVQModel", "nearest_codes", "LLAMAGEN_VQ_CONFIGS"]
@@ -603,8 +605,7 @@ def nearest_codes(
     if codebook.dim() != 2:
         raise ValueError(f"codebook must be (N, C), got {tuple(codebook.shape)}")
     n = codebook.shape[0]
-    if not 1 <= k <= n - 1:
-        raise ValueError(f"k must be in [1, {n - 1}], got {k}")
+    check_int("k", k, 1, high=n - 1)
     vectors = codebook.detach().to(torch.float64)
     if l2_normalize:
         vectors = F.normalize(vectors, p=2, dim=-1)

@@ -26,6 +26,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from visualspec.core.checks import check_int
 from visualspec.core.continuous import head_noise
 from visualspec.core.sampling import normal
 
@@ -186,8 +187,7 @@ class MAR(ModelMixin, ConfigMixin):
         last step too (the law CSpD verifies)."""
         if cfg_schedule not in ("linear", "constant"):
             raise ValueError(f"cfg_schedule must be 'linear' or 'constant', got {cfg_schedule!r}")
-        if not 1 <= num_iter <= self.seq_len:
-            raise ValueError(f"num_iter must be in [1, {self.seq_len}], got {num_iter}")
+        check_int("num_iter", num_iter, 1, high=self.seq_len)
         B = len(labels) if labels is not None else batch_size
         cls = self.class_emb(labels) if labels is not None else self.fake_latent.expand(B, -1)
         guided = cfg != 1.0

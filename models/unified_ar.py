@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from visualspec.core.checks import check_positive_int
 from visualspec.core.constraints import TokenConstraints
 
 from .hf import HFCausalLM
@@ -61,9 +62,7 @@ class ImageLayout:
 
     def __post_init__(self):
         for name in ("height", "width"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"the image {name} in codes must be an integer >= 1, got {value!r}")
+            check_positive_int(f"the image {name} in codes", getattr(self, name))
         if not self.code_tokens:
             raise ValueError("an image layout needs the token ids of its codes")
         structural = set(self.ending) | ({self.row_end} if self.row_end is not None else set())

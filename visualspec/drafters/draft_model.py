@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..core.checks import check_positive_int
 from ..core.engine import Drafter, per_row
 from ..core.multidraft import DraftTree, gumbel_top_k, iid_drafts
 
@@ -201,8 +202,7 @@ def frequent_tokens(token_id_lists: Iterable[Sequence[int]], size: int, always: 
     by the smaller id. Returns a sorted 1-D long tensor of at most ``size`` ids (fewer when the text
     has fewer distinct ids).
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be an integer >= 1, got {size!r}")
+    check_positive_int("size", size)
     always = list(dict.fromkeys(int(t) for t in always))
     if len(always) > size:
         raise ValueError(f"{len(always)} ids must always be kept, more than size={size}")

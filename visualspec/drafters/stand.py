@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 import torch
 
+from ..core.checks import check_positive_int
 from ..core.engine import Drafter, per_row
 from ..core.multidraft import DraftTree, gumbel_top_k
 
@@ -39,8 +40,7 @@ class StandDrafter(Drafter):
     def __init__(self, prompts, vocab_size: int, max_ngram: int = 3, top_m: int = 8, max_entries: int = 65536):
         for name, value in (("vocab_size", vocab_size), ("max_ngram", max_ngram), ("top_m", top_m),
                             ("max_entries", max_entries)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_positive_int(name, value)
         self.prompts = [list(map(int, p)) for p in prompts]
         for p in self.prompts:
             if p and not (0 <= min(p) and max(p) < vocab_size):

@@ -29,6 +29,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..core.checks import check_positive_int
+
 __all__ = ["CLIPScorer", "clip_score"]
 
 
@@ -109,8 +111,7 @@ class CLIPScorer:
                 image_processor = processor.image_processor
         if tokenizer is None or image_processor is None:
             raise ValueError("CLIPScorer needs a processor, or both a tokenizer and an image processor")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_positive_int("batch_size", batch_size)
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         if device is None:

@@ -47,6 +47,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core.checks import check_positive_int
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "FeatureExtractor",
@@ -340,8 +342,7 @@ class TorchFeatureExtractor:
 
     def __init__(self, module: nn.Module, image_size=None, preprocess: Callable | None = None,
                  device=None, dtype: torch.dtype = torch.float32, batch_size: int = 64):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_positive_int("batch_size", batch_size)
         if device is None:
             try:
                 device = next(module.parameters()).device
@@ -429,8 +430,7 @@ def _same_shape_batches(arrays: Iterable[np.ndarray], batch_size: int) -> Iterab
 def image_folder_features(folder_or_paths, extractor: FeatureExtractor, batch_size: int = 50) -> np.ndarray:
     """Features (N, D) of the images in a folder (or a list of image paths), read with PIL as RGB uint8
     and passed to ``extractor`` in batches of ``batch_size``."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_positive_int("batch_size", batch_size)
     files = list_image_files(folder_or_paths)
     batches = _same_shape_batches((_read_rgb(p) for p in files), batch_size)
     feats = [_check_features(extractor(batch), len(batch)) for batch in batches]

@@ -68,6 +68,7 @@ from typing import Any, Iterable, Protocol, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
+from ..core.checks import check_positive_int
 from ..worlds.shapes import TASKS, relative_position
 
 GENEVAL_COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
@@ -166,8 +167,7 @@ def _check_class_count(clause: dict, at: str) -> None:
     if not isinstance(clause.get("class"), str) or not clause["class"]:
         _fail(at, "missing or empty 'class'")
     count = clause.get("count")
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        _fail(at, f"'count' must be a positive integer, got {count!r}")
+    check_positive_int(f"{at}: 'count'", count)
 
 
 def _parse_json_line(line: str, where: str) -> dict:

@@ -31,6 +31,7 @@ import torch
 
 from ..drafters import (DraftModelDrafter, JacobiDrafter, NGramDrafter, StandDrafter, VocabTrimDrafter,
                        frequent_tokens, kept_token_ids)
+from ..core.checks import check_positive_int
 from ..core.engine import decode, decode_tree, default_rule
 from ..models.hf import HFCausalLM
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
@@ -122,8 +123,7 @@ MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_veri
 
 def _tree_args(branches, depth, window, multidraft, drafter, acceptance):
     """None for chain drafting, else ``(depth, rule, scheme)``; errors name the bad argument."""
-    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
-        raise ValueError(f"branches (k, the number of drafts) must be an integer >= 1, got {branches!r}")
+    check_positive_int("branches (k, the number of drafts)", branches)
     if multidraft not in MULTIDRAFT:
         raise ValueError(f"unknown multidraft verifier {multidraft!r}; choose one of {tuple(MULTIDRAFT)}")
     if branches == 1:
@@ -180,10 +180,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     """
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"unknown acceptance {acceptance!r}; choose one of {ACCEPTANCE}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    check_positive_int("max_new_tokens", max_new_tokens)
+    check_positive_int("window", window)
     check_sampling_args(temperature, top_k, top_p, 1.0)
     tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
     if tree is not None and draft_stop_below is not None:

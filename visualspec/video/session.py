@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from ..core.checks import check_positive_int
 from ..core.sampling import Generator, normal
 
 SAMPLERS = ("flow", "consistency")
@@ -34,8 +35,7 @@ SAMPLERS = ("flow", "consistency")
 
 def time_grid(steps: int, sampler: str) -> list[float]:
     """The times visited: ``steps + 1`` points from 1 to 0 (flow) or ``steps`` points (consistency)."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    check_positive_int("steps", steps)
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
     grid = [1.0 - i / steps for i in range(steps + 1)]
@@ -126,8 +126,7 @@ class WorldSession:
     def __init__(self, model, decode: Callable, first: tuple[torch.Tensor, torch.Tensor], steps: int = 1,
                  sampler: str = "consistency", speculate: int = 1, context_noise: float = 0.0,
                  generator: Generator = None, action_index: Callable[[object], int] = int):
-        if speculate < 1:
-            raise ValueError(f"speculate must be >= 1 (1 = off), got {speculate}")
+        check_positive_int("speculate (1 = off)", speculate)
         if speculate > model.config.context_frames:
             raise ValueError(f"speculate must be at most the model's context_frames "
                              f"({model.config.context_frames}), got {speculate}")

@@ -52,6 +52,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..core.checks import check_int, check_positive_int
+
 FPS = 30
 CANVAS = 64
 BACKGROUND = (16, 16, 24)
@@ -102,8 +104,7 @@ def action_index(action: int | str) -> int:
 
 def random_actions(rng: np.random.Generator, num_frames: int, persistence: float = DEFAULT_PERSISTENCE) -> np.ndarray:
     """(num_frames,) int64 actions: keep the previous one with probability ``persistence``, else redraw uniformly."""
-    if num_frames < 0:
-        raise ValueError(f"num_frames must be >= 0, got {num_frames}")
+    check_int("num_frames", num_frames, 0)
     if not 0.0 <= persistence <= 1.0:
         raise ValueError(f"persistence must be in [0, 1], got {persistence}")
     redraw = rng.random(num_frames) >= persistence
@@ -264,8 +265,7 @@ def batch_episodes(seed: int, count: int, num_frames: int) -> tuple[np.ndarray, 
 
     Episode k is seeded by the k-th child of ``SeedSequence(seed)``, so it does not depend on ``count``.
     """
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
+    check_positive_int("count", count)
     children = np.random.SeedSequence(seed).spawn(count)
     episodes = [episode(np.random.default_rng(child), num_frames) for child in children]
     return np.stack([e.frames for e in episodes]), np.stack([e.actions for e in episodes])
