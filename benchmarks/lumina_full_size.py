@@ -39,7 +39,8 @@ import torch
 
 from visualspec.core.engine import decode
 from visualspec.core.sampling import SamplingConfig
-from visualspec.core.window import WindowPolicy, machine_name, measure_window_costs, prefix_rows, synchronize
+from visualspec.core.window import WindowPolicy, prefix_rows
+from visualspec.core.window_costs import machine_name, measure_window_costs, synchronize
 from visualspec.drafters import JacobiDrafter
 from visualspec.models.unified_ar import UnifiedImageLM, chameleon_layout
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from visualspec import SamplingConfig, VisualSpecPipeline  # noqa: E402
 from visualspec.assets import SHAPES_T2I  # noqa: E402
-from visualspec.core.window import (choose_window, machine_name, measure_window_costs, prefix_rows,  # noqa: E402
-                                    window_start)
+from visualspec.core.window import choose_window, prefix_rows  # noqa: E402
+from visualspec.core.window_costs import machine_name, measure_window_costs, window_start  # noqa: E402
 from visualspec.tools.bench import DEFAULT_PROMPTS  # noqa: E402
 
 ALPHAS = (0.3, 0.5, 0.7, 0.9)

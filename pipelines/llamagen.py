@@ -399,7 +399,8 @@ class LlamaGenPipeline(PromptConditioning, VisualSpecPipeline):
         also the cost of whole sibling-tree steps
         (:func:`visualspec.core.proactive.tree_step_timer`)."""
         from visualspec.core.proactive import tree_step_timer
-        from visualspec.core.window import WindowPolicy, cached_window_costs, prefix_rows
+        from visualspec.core.window import WindowPolicy, prefix_rows
+        from visualspec.core.window_costs import cached_window_costs
 
         tables, trees, rows = {}, {}, slots
         model, N = self.transformer, self.transformer.config.block_size

@@ -291,6 +291,7 @@ class UnifiedARPipeline(VisualSpecPipeline):
     def window_policy(self, target, prefix, num_tokens: int):
         """``window="auto"``'s policy at this batch: its cost table, measured once per model, batch
         and machine and cached on disk."""
-        from visualspec.core.window import WindowPolicy, cached_window_costs, prefix_rows
+        from visualspec.core.window import WindowPolicy, prefix_rows
+        from visualspec.core.window_costs import cached_window_costs
 
         return WindowPolicy({prefix_rows(prefix): cached_window_costs(target, prefix, num_tokens)})

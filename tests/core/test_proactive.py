@@ -170,7 +170,7 @@ def test_a_row_of_a_sibling_tree_decodes_alike_alone_in_a_batch_and_in_a_queue()
 def test_a_tree_step_is_timed_like_a_window():
     """The window policy prices trees by timing whole tree steps (forward, walk, keep) through
     measure_window_costs; here under guidance (the model batch is [cond; null])."""
-    from visualspec.core.window import measure_window_costs
+    from visualspec.core.window_costs import measure_window_costs
 
     model = tiny_llamagen(seed=0, vocab_size=16, block_size=16)
     step = proactive.tree_step_timer(model, rows_per_sample=2, siblings=3, depth=2)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import tiny_llamagen
-from visualspec.core import window as win
-from visualspec.core.window import (WindowPolicy, cached_window_costs, choose_window,
-                               expected_tokens, measure_window_costs)
+from visualspec.core import window_costs as win
+from visualspec.core.window import WindowPolicy, choose_window, expected_tokens
+from visualspec.core.window_costs import cached_window_costs, measure_window_costs
 
 
 class FakeClock:
@@ -277,7 +277,7 @@ def test_a_cpu_is_named_with_its_instruction_set_and_cores():
     kept apart by the vector instructions torch uses and the core count."""
     import os
 
-    from visualspec.core.window import machine_name
+    from visualspec.core.window_costs import machine_name
 
     name = machine_name("cpu")
     assert torch.backends.cpu.get_cpu_capability() in name and f"{os.cpu_count()} cores" in name

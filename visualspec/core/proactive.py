@@ -178,7 +178,7 @@ def verify_sibling_tree(layout: SiblingLayout, candidates: torch.Tensor, q: torc
 
 def tree_step_timer(model, rows_per_sample: int, siblings: int, depth: int):
     """A stand-in for one sibling-tree step with window W, to time with
-    :func:`visualspec.core.window.measure_window_costs` (``forward=``): called with tokens
+    :func:`visualspec.core.window_costs.measure_window_costs` (``forward=``): called with tokens
     (model rows, W) and a start, it runs the tree's forward, the candidates, the walk and
     ``keep`` on distributions of the model's shape (the chain's own softmax, which accepts every
     draft: the walk does the same work whatever it accepts). W = 1 is a plain one-token forward.

@@ -15,92 +15,25 @@ is therefore never slower than AR under the estimates. The costs depend on the m
 batch: at batch 1, or on a GPU, c(W) barely grows with W, while on a CPU at batch 16 a W-token
 forward costs several times a 1-token one, and speculation only pays with high acceptance.
 
-- :func:`measure_window_costs` times ``forward_window`` for each W; :func:`cached_window_costs`
-  keeps those tables on disk, per model, machine, thread count and batch size;
-- :class:`WindowPolicy` holds the tables, and its :class:`WindowSearch` picks each step's W in a
-  decode call from the tokens per step each window has given so far (:func:`choose_window` is the
-  same choice for a constant acceptance).
-
-Only the token-model protocol of :class:`visualspec.core.engine.TokenModel` is used (``prefill``,
-``forward_window``, ``crop``). Measuring runs ``prefill``, so it resets the model's cache: measure
-before decoding, never in the middle of it.
+This module is the choice: :class:`WindowPolicy` holds the cost tables, and its
+:class:`WindowSearch` picks each step's W in a decode call from the tokens per step each window
+has given so far (:func:`choose_window` is the same choice for a constant acceptance). The tables
+are measured, and kept on disk per model, machine, thread count and batch size, by
+:mod:`visualspec.core.window_costs`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-import platform
-import statistics
-import tempfile
-import time
-import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from .checks import check_positive_int
+
 WINDOWS = (1, 2, 4, 8, 16, 32)  # the candidates (docs/experiments/2026-11-25-window-search.md)
-CACHE_FILE = "window_costs.json"
-_clock = time.perf_counter  # one name, so tests can swap in a fake clock
-
-
-# ---------------------------------------------------------------------------- measuring costs
-
-def window_start(max_new_tokens: int, windows: Sequence[int]) -> int:
-    """The generated position the timed windows start at: the middle of the sequence, moved back
-    so that the largest window fits, ``max(0, min(N // 2, N - max(windows)))``."""
-    return max(0, min(max_new_tokens // 2, max_new_tokens - max(windows)))
-
-
-@torch.no_grad()
-def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
-                         repeats: int = 5, forward: Callable | None = None,
-                         start: int | None = None) -> dict[int, float]:
-    """Seconds per ``forward_window`` call for each window W <= ``max_new_tokens`` of ``windows``.
-
-    The model batch is the one ``prefix`` gives (with guidance, the doubled batch). The cache is
-    filled up to ``start`` (default :func:`window_start`) once, then each W gets one warm-up call
-    and ``repeats`` timed calls of W tokens (all token id 0) at that start, in rounds over all W,
-    each call followed by ``crop(start)``; the cost is the median of the timed calls. ``forward`` (default
-    ``model.forward_window``) is the callable timed instead, e.g. a ``torch.compile``'d one; the
-    cache is always filled by ``model.forward_window``. Leaves junk in the model's cache: prefill
-    again before decoding.
-    """
-    windows = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
-    if not windows:
-        raise ValueError(f"no window in 1..{max_new_tokens} (max_new_tokens) to measure")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    start = window_start(max_new_tokens, windows) if start is None else start
-    if not 0 <= start <= max_new_tokens - windows[-1]:
-        raise ValueError(f"start {start} leaves no room for W = {windows[-1]} in {max_new_tokens} tokens")
-    forward = forward or model.forward_window
-    first = model.prefill(prefix, max_new_tokens)
-    rows, device = first.shape[0], first.device
-    if start:
-        model.forward_window(torch.zeros(rows, start, dtype=torch.long, device=device), 0)
-    times = {w: [] for w in windows}
-    for _ in range(repeats + 1):  # round one is the warm-up; rounds interleave the windows, so a
-        for w in windows:         # passing slowdown of a shared machine hits them all alike
-            tokens = torch.zeros(rows, w, dtype=torch.long, device=device)
-            synchronize(device)
-            t0 = _clock()
-            forward(tokens, start)
-            synchronize(device)
-            times[w].append(_clock() - t0)
-            model.crop(start)
-    return {w: statistics.median(t[1:]) for w, t in times.items()}
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued kernels on an accelerator (CUDA, MPS, XPU); nothing on a CPU."""
-    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
-    if backend is not None and hasattr(backend, "synchronize"):
-        backend.synchronize()
 
 
 # ---------------------------------------------------------------------------- choosing W
@@ -127,8 +60,7 @@ def expected_tokens(acceptance, window: int) -> float:
     ``acceptance`` is alpha_1, alpha_2, ... (a sequence; positions beyond it reuse its last
     value), or one constant alpha.
     """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
+    check_positive_int("window", window)
     total, run = 1.0, 1.0
     for a in _alphas(acceptance, window - 1):
         run *= a
@@ -301,8 +233,11 @@ class WindowPolicy:
     @classmethod
     def measured(cls, model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
                  cache_dir: str | os.PathLike | None = None) -> "WindowPolicy":
-        """A policy with one table, for the batch of ``prefix``, from :func:`cached_window_costs`
-        (which may run ``prefill``: call it before decoding)."""
+        """A policy with one table, for the batch of ``prefix``, from
+        :func:`visualspec.core.window_costs.cached_window_costs` (which may run ``prefill``: call it
+        before decoding)."""
+        from .window_costs import cached_window_costs
+
         rows = prefix_rows(prefix)
         return cls({rows: cached_window_costs(model, prefix, max_new_tokens, windows, cache_dir)})
 
@@ -319,7 +254,7 @@ class WindowPolicy:
         return WindowSearch(self, **kwargs)
 
 
-# ---------------------------------------------------------------------------- the disk cache
+# ---------------------------------------------------------------------------- the model batch
 
 def prefix_rows(prefix: Any) -> int:
     """The model batch of a prefix: rows of a tensor, or of the first tensor of a tuple, list or dict."""
@@ -330,121 +265,3 @@ def prefix_rows(prefix: Any) -> int:
     if isinstance(prefix, (tuple, list)) and prefix:
         return prefix_rows(prefix[0])
     raise TypeError(f"cannot tell the batch size of a prefix of type {type(prefix).__name__}")
-
-
-def machine_name(device: torch.device | str = "cpu") -> str:
-    """The accelerator's name; for a CPU its model name (``/proc/cpuinfo``, else
-    ``platform.processor()`` or ``platform.machine()``) with the vector instructions torch uses on
-    it and its core count. Virtual machines often report one model name ("AMD EPYC") for CPUs of
-    different generations, whose window costs differ: the instruction set tells them apart."""
-    device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
-    name = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    name = name or platform.processor() or platform.machine() or "unknown"
-    return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
-
-
-def _modules(model) -> list[Any]:
-    """The model and the object it wraps (adapters such as HFCausalLM keep it as ``.model``)."""
-    inner = getattr(model, "model", None)
-    return [model] if inner is None else [model, inner]
-
-
-def _config_text(model) -> str:
-    """A stable text of the model's configuration (``config`` as a dict, keys starting with '_'
-    left out), else of its parameter shapes."""
-    for obj in _modules(model):
-        config = getattr(obj, "config", None)
-        if hasattr(config, "to_dict"):
-            config = config.to_dict()
-        if isinstance(config, Mapping):
-            return json.dumps({k: v for k, v in config.items() if not str(k).startswith("_")},
-                              sort_keys=True, default=str)
-    for obj in _modules(model):
-        if isinstance(obj, torch.nn.Module):
-            return repr([(name, tuple(p.shape)) for name, p in obj.named_parameters()])
-    return ""
-
-
-def cost_signature(model, rows: int, max_new_tokens: int) -> str:
-    """The cache key of a cost table: model class, a hash of its config, parameter dtype, device
-    type, machine, torch threads, torch version, model batch rows and ``max_new_tokens``."""
-    param = next((p for obj in _modules(model) if isinstance(obj, torch.nn.Module)
-                  for p in obj.parameters()), None)
-    dtype, device = (str(param.dtype), param.device) if param is not None else ("unknown", torch.device("cpu"))
-    config = hashlib.sha256(_config_text(model).encode()).hexdigest()[:16]
-    return "|".join([type(model).__name__, f"config={config}", dtype.replace("torch.", ""), device.type,
-                     machine_name(device), platform.machine(), f"threads={torch.get_num_threads()}",
-                     f"torch={torch.__version__}", f"rows={rows}", f"new={max_new_tokens}"])
-
-
-def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``window_costs.json`` under ``cache_dir``, ``$VISUALSPEC_CACHE`` or ``~/.cache/visualspec``."""
-    folder = cache_dir or os.environ.get("VISUALSPEC_CACHE") or Path.home() / ".cache" / "visualspec"
-    return Path(folder) / CACHE_FILE
-
-
-def _read_tables(path: Path) -> dict[str, dict[int, float]]:
-    """The cost tables stored at ``path``; a missing or corrupt file or entry reads as nothing."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    tables = {}
-    for key, table in data.items() if isinstance(data, dict) else ():
-        try:
-            table = {int(w): float(c) for w, c in table.items()}
-        except (AttributeError, TypeError, ValueError):
-            continue
-        if table and all(w >= 1 and c > 0 for w, c in table.items()):
-            tables[key] = table
-    return tables
-
-
-def _write_tables(path: Path, tables: Mapping[str, Mapping[int, float]]) -> None:
-    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({k: {str(w): c for w, c in sorted(t.items())} for k, t in sorted(tables.items())},
-                      f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
-                        cache_dir: str | os.PathLike | None = None, repeats: int = 5,
-                        forward: Callable | None = None, tag: str | None = None) -> dict[int, float]:
-    """:func:`measure_window_costs`, kept in ``window_costs.json`` (:func:`cache_path`) under the
-    key :func:`cost_signature` (with ``|tag`` appended when given: a table of another step, timed
-    through ``forward``, such as a sibling tree's). A stored table that holds every wanted W is
-    returned without measuring; otherwise all wanted W are measured together (one consistent
-    table), and the file is rewritten atomically. A corrupt file is ignored and replaced; a failed
-    write only warns.
-    """
-    wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
-    path = cache_path(cache_dir)
-    key = cost_signature(model, prefix_rows(prefix), max_new_tokens) + (f"|{tag}" if tag else "")
-    stored = _read_tables(path).get(key, {})
-    if wanted and all(w in stored for w in wanted):
-        return {w: stored[w] for w in wanted}
-    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, forward=forward)
-    tables = _read_tables(path)  # again: another process may have written meanwhile
-    tables[key] = {**tables.get(key, {}), **measured}
-    try:
-        _write_tables(path, tables)
-    except OSError as e:
-        warnings.warn(f"could not write the window cost cache {path}: {e}")
-    return measured

@@ -155,7 +155,7 @@ def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: in
 
 def _machine(device: torch.device) -> dict:
     """Where the numbers were measured: the CPU (and GPU, on CUDA), threads and torch."""
-    from ..core.window import machine_name
+    from ..core.window_costs import machine_name
 
     machine = {"cpu": machine_name(torch.device("cpu")), "threads": torch.get_num_threads(), "torch": torch.__version__}
     if torch.device(device).type != "cpu":
