@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from visualspec.core.engine import decode_continuous
+from visualspec.core.continuous import decode_continuous
 from visualspec.core.sampling import SamplingConfig, make_generator
 from visualspec.core.stats import merge_decode_stats
 from visualspec.drafters import ContinuousDraftModelDrafter

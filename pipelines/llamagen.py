@@ -11,10 +11,10 @@ import torch
 from diffusers.utils import BaseOutput
 
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter, INIT_SCHEMES
-from visualspec.core.engine import Requests, decode, default_rule
+from visualspec.core.engine import Requests, decode
 from visualspec.core.sampling import SamplingConfig, make_generator
 from visualspec.core.stats import DecodeStats
-from visualspec.core.verify import gsd_verify, lantern_verify
+from visualspec.core.verify import default_rule, gsd_verify, lantern_verify
 
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes

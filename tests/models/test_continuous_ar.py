@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from drafters.harness import generators as _gens
-from visualspec.core.engine import decode_continuous
+from visualspec.core.continuous import decode_continuous
 from visualspec.drafters import ContinuousDraftModelDrafter
 from visualspec.models.continuous_ar import ContinuousARTransformer
 

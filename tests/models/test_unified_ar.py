@@ -6,7 +6,7 @@ a control that makes the engine ignore what it tests; Lumina-mGPT 2.0's schedule
 import pytest
 import torch
 
-from visualspec.core import engine
+from visualspec.core import rows as engine
 from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig

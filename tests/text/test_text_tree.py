@@ -12,7 +12,7 @@ from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
 from drafters.harness import FILTERED, PLAIN, PROMPT, SAMPLES, STAND_PROMPT, N, V
 from drafters.harness import llama4  # noqa: F401 (a fixture, used by name)
 from visualspec.drafters import DraftModelDrafter, StandDrafter
-from visualspec.core.engine import decode_tree
+from visualspec.core.tree import decode_tree
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.multidraft import DraftTree, recursive_iid_verify, rsd_verify, spectr_verify
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences

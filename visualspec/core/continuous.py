@@ -46,16 +46,24 @@ flattening (42) scales that by 1/42^2. How much a trained pair keeps is a measur
 assumption.
 
 Distributions are diagonal Gaussians, :class:`Gaussian` (mean and standard deviation, (..., D)).
+
+**The loop.** :func:`decode_continuous` generates continuous tokens, AR or CSpD with a draft
+model, on the same rows and run as the discrete engine (:mod:`visualspec.core.rows`); every
+position's head noise is drawn once (:class:`PositionNoise`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from .sampling import Generator, normal, uniform
+from .checks import check_positive_int
+from .rows import _Run
+from .sampling import Generator, SamplingConfig, normal, row_generators, uniform
+from .stats import DecodeStats
 from .verify import leading_true
 
 
@@ -110,15 +118,9 @@ def _check(drafts: torch.Tensor, draft: Gaussian, target: Gaussian, max_proposal
         raise ValueError(f"the target distributions must be (batch, K + 1, D) = {(B, K + 1, D)} (one more for the "
                          f"bonus token), got {tuple(target.mean.shape)}; a draft of another token dimension "
                          f"cannot be verified")
-    if isinstance(max_proposals, bool) or not isinstance(max_proposals, int) or max_proposals < 1:
-        raise ValueError(f"max_proposals must be an integer >= 1, got {max_proposals!r}")
+    check_positive_int("max_proposals", max_proposals)
     if not flatten >= 1.0:
         raise ValueError(f"flatten must be >= 1 (1 = the exact rule), got {flatten!r}")
-
-
-def _rows(generator: Generator, rows: torch.Tensor) -> Generator:
-    """The generators of ``rows`` when there is one per row, else the shared one."""
-    return [generator[i] for i in rows.tolist()] if isinstance(generator, (list, tuple)) else generator
 
 
 def residual_sample(p: Gaussian, q: Gaussian, generator: Generator = None, max_proposals: int = 1024,
@@ -136,7 +138,7 @@ def residual_sample(p: Gaussian, q: Gaussian, generator: Generator = None, max_p
     searching = torch.arange(R, device=device)
     while len(searching):
         n = min(chunk, max_proposals - int(used[searching[0]]))  # rows still searching have used the same
-        gens = _rows(generator, searching)
+        gens = row_generators(generator, searching)
         pr, qr = p[searching], q[searching]
         y = pr.mean[:, None] + pr.std[:, None] * normal((len(searching), n, D), gens, device, p.mean.dtype)
         q_over_p = (qr[:, None].log_prob(y) - pr[:, None].log_prob(y)).exp()
@@ -182,6 +184,128 @@ def continuous_verify(drafts: torch.Tensor, draft: Gaussian, target: Gaussian, g
         at = a[stopped]
         p = Gaussian(target.mean[stopped, at], target.std[stopped, at])
         q = Gaussian(draft.mean[stopped, at], draft.std[stopped, at])
-        y, used, fell = residual_sample(p, q, _rows(generator, stopped), max_proposals)
+        y, used, fell = residual_sample(p, q, row_generators(generator, stopped), max_proposals)
         tokens[stopped], proposals[stopped], fallbacks[stopped] = y, used, fell
     return ContinuousVerdict(a, tokens, proposals, fallbacks)
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------
+
+
+class PositionNoise:
+    """The diffusion-head noise of every position of every row, drawn once when decoding starts:
+    ``x_T`` and one eps per denoising step, (rows, N, steps + 1, D), from each row's generator.
+
+    The draft and the target head read the same noise at a position (CSpD's trajectory
+    alignment), however many times the position is drafted or verified; AR reads it too, so AR and
+    speculation with a draft identical to the target give the same tokens."""
+
+    def __init__(self, rows: int, num_tokens: int, steps: int, dim: int, generator: Generator, device=None):
+        self.draws = normal((rows, num_tokens, steps + 1, dim), generator, device)
+
+    def at(self, positions: torch.Tensor) -> dict:
+        """Noise for the positions (B, L) of rows 0..B-1, flattened to B*L tokens in row order."""
+        b = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        d = self.draws[b, positions.clamp(max=self.draws.shape[1] - 1)].flatten(0, 1)  # (B L, steps + 1, D)
+        return head_noise(d)
+
+
+def head_rows(z: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Model output (model rows, L, dim) -> one row per token, [cond tokens; uncond tokens] under
+    guidance, as a guided head takes them."""
+    if not sampling.uses_guidance:
+        return z.flatten(0, 1)
+    cond, uncond = z.chunk(2)
+    return torch.cat([cond.flatten(0, 1), uncond.flatten(0, 1)])
+
+
+class _ContinuousRun(_Run):
+    """A decode run of continuous tokens: the target returns the head's condition z, which its
+    head turns into tokens with each position's noise (:meth:`draw`). The noise is drawn when the
+    rows are prefilled; rows that finish stay in the batch, idle (row b reads the noise of row b)."""
+
+    drops_rows = False
+
+    def __init__(self, target, prefix: Any, num_tokens: int, sampling: SamplingConfig, *, drafter,
+                 generator: Generator, mode: str, temperature: float):
+        self.temperature = temperature
+        super().__init__(target, prefix, num_tokens, sampling, drafter=drafter, rule=None, generator=generator,
+                         mode=mode)
+
+    def first_tokens(self, z: torch.Tensor, generator: Generator) -> torch.Tensor:
+        """Draws every row's noise (:class:`PositionNoise`), then token 0 from the prefill's z."""
+        rows = z.shape[0] // self.sampling.model_rows_per_sample
+        self.noise = PositionNoise(rows, self.N, len(self.target.diffloss.schedule), self.target.token_dim, generator,
+                                   z.device)
+        return self.draw(z[:, None], torch.zeros(rows, 1, dtype=torch.long, device=z.device))[0][:, 0]
+
+    def draw(self, z: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Gaussian]:
+        """The target head's tokens (b, L, D) at ``positions`` (b, L) from z (model rows, L, dim),
+        and the Gaussians of their last step."""
+        b, L = positions.shape
+        tokens, p = self.target.draw(head_rows(z, self.sampling), self.noise.at(positions), self.temperature,
+                                     self.sampling.guidance_scale)
+        return tokens.view(b, L, -1), Gaussian(p.mean.view(b, L, -1), p.std.view(b, L, -1))
+
+
+@torch.no_grad()
+def decode_continuous(
+    target,
+    prefix: Any,
+    num_tokens: int,
+    *,
+    drafter=None,
+    gamma: int = 4,
+    guidance_scale: float = 1.0,
+    temperature: float = 1.0,
+    generator: Generator = None,
+    max_proposals: int = 1024,
+    prefill: float = 0.0,
+    flatten: float = 1.0,
+    mode: str = "",
+) -> tuple[torch.Tensor, DecodeStats]:
+    """Continuous-token generation: AR, or CSpD with a draft model. Returns ``(tokens (R, N, D), stats)``.
+
+    ``target`` is a continuous token model (:class:`visualspec.models.continuous_ar.ContinuousARTransformer`:
+    the token-model protocol returning the head's condition z, and ``draw(z, noise, temperature,
+    guidance)``). With ``drafter`` (:class:`visualspec.drafters.ContinuousDraftModelDrafter`) each
+    step drafts ``gamma`` tokens, the target scores them in one forward, and
+    :func:`continuous_verify` keeps a prefix and emits one more token;
+    each row commits its own count. Every position's head noise is drawn once
+    (:class:`PositionNoise`) and shared by draft and target. Rows that finish stay in the batch
+    idle. ``guidance_scale`` is MAR's (on the head's eps); ``temperature`` scales the head's noise.
+    ``prefill`` is CSpD's token pre-filling: the first ``floor(prefill * N)`` tokens come from the
+    target alone (every row is there at the same step, since rows start together). ``flatten`` > 1
+    is the released code's flattened ratio (lossy; see :func:`continuous_verify`).
+    """
+    check_positive_int("gamma (drafts per step)", gamma)
+    if not 0.0 <= prefill < 1.0:
+        raise ValueError(f"the pre-fill fraction must lie in [0, 1), got {prefill!r}")
+    run = _ContinuousRun(target, prefix, num_tokens, SamplingConfig(guidance_scale=guidance_scale), drafter=drafter,
+                         generator=generator, mode=mode or ("ar" if drafter is None else "cspd"),
+                         temperature=temperature)
+    rows, stats = run.rows, run.stats
+    while run.live():
+        n, live = rows.n, rows.n < num_tokens
+        prefilling = bool((n < int(prefill * num_tokens)).any())  # rows move together until then
+        k = gamma if drafter is not None and not prefilling else 0
+        if k:
+            drafts, q = drafter.propose(rows.seq, n, k, run.noise, temperature)
+        else:
+            drafts = rows.seq.new_empty(len(rows), 0, target.token_dim)
+            q = Gaussian(drafts, torch.ones_like(drafts))
+        tokens, p = run.draw(run.forward_window(drafts), rows.positions(k + 1))
+        run.step_done()
+        verdict = continuous_verify(drafts, q, p, rows.generator, bonus=tokens[:, k], max_proposals=max_proposals,
+                                    flatten=flatten)
+        stats.residual_proposals += int(verdict.proposals[live].sum())
+        stats.residual_fallbacks += int(verdict.fallbacks[live].sum())
+        stats.drafts_proposed += k * int(live.sum())
+        stats.drafts_accepted += int(verdict.num_accepted[live].sum())
+        counts = run.commit(drafts, verdict.num_accepted, verdict.next_tokens)
+        if k:
+            drafter.observe(n, counts)
+        run.finish_rows()
+    return run.result()

@@ -108,7 +108,7 @@ def chi_square_fit(samples: torch.Tensor, seqs: torch.Tensor, probs: torch.Tenso
 def sample_sequences(model: TokenModel, make_prefix, num_tokens: int, sampling: SamplingConfig, n: int,
                      seed: int = 0, batch: int = 4096, **decode_kwargs) -> torch.Tensor:
     """n sequences (n, N) from :func:`visualspec.core.engine.decode` (or ``decode_fn``, e.g. a
-    :func:`functools.partial` of :func:`visualspec.core.engine.decode_tree`), in batches of ``batch`` rows."""
+    :func:`functools.partial` of :func:`visualspec.core.tree.decode_tree`), in batches of ``batch`` rows."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for start in range(0, n, batch):

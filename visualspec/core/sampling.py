@@ -160,6 +160,14 @@ def filter_epsilon(logits: torch.Tensor, reference_logits: torch.Tensor, epsilon
 # ----------------------------------------------------------------------------------------------
 
 
+def row_generators(generator: Generator, rows) -> Generator:
+    """The generators of rows ``rows`` (indices: a list or a tensor) when there is one per row,
+    else the one shared generator (or None)."""
+    if not isinstance(generator, (list, tuple)):
+        return generator
+    return [generator[i] for i in (rows.tolist() if isinstance(rows, torch.Tensor) else rows)]
+
+
 def uniform(shape: Sequence[int], generator: Generator = None, device=None) -> torch.Tensor:
     """U[0, 1) draws of ``shape`` (float64); row b uses ``generator[b]`` when a list is given."""
     shape = tuple(shape)

@@ -24,16 +24,20 @@ target's distribution; :func:`lantern_verify` is lossy with a per-step total-var
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from .sampling import Generator, sample, uniform
+from .sampling import Generator, SamplingConfig, sample, uniform
 
 
 @dataclass
 class Verdict:
     num_accepted: torch.Tensor  # (B,) long, in 0..K
     next_tokens: torch.Tensor  # (B,) long, the token at position num_accepted
+
+
+Rule = Callable[..., Verdict]  # rule(draft_tokens, draft_probs, target_probs, generator) -> Verdict
 
 
 def point_mass(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -127,6 +131,11 @@ def greedy_verify(draft_tokens, draft_probs, target_probs, generator: Generator 
     best = target_probs.argmax(-1)  # (B, K+1)
     a = leading_true(draft_tokens == best[:, :K])
     return Verdict(a, _row_at(best, a))
+
+
+def default_rule(sampling: SamplingConfig) -> Rule:
+    """The lossless rule for ``sampling``: argmax matching when greedy, else speculative sampling."""
+    return greedy_verify if sampling.greedy else speculative_verify
 
 
 def typical_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,

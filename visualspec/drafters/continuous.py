@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.continuous import Gaussian
-from ..core.engine import PositionNoise, head_rows
+from ..core.continuous import Gaussian, PositionNoise, head_rows
 from ..core.sampling import SamplingConfig
 
 

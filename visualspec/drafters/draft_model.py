@@ -9,8 +9,9 @@ from typing import Iterable, Sequence
 import torch
 
 from ..core.checks import check_positive_int
-from ..core.engine import Drafter, per_row
+from ..core.engine import Drafter
 from ..core.multidraft import DraftTree, gumbel_top_k, iid_drafts
+from ..core.rows import per_row
 
 
 class DraftModelDrafter(Drafter):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.engine import Drafter, per_row
+from ..core.engine import Drafter
+from ..core.rows import per_row
 
 
 class NGramDrafter(Drafter):

@@ -7,8 +7,9 @@ from collections import OrderedDict
 import torch
 
 from ..core.checks import check_positive_int
-from ..core.engine import Drafter, per_row
+from ..core.engine import Drafter
 from ..core.multidraft import DraftTree, gumbel_top_k
+from ..core.rows import per_row
 
 
 class StandDrafter(Drafter):

@@ -32,12 +32,13 @@ import torch
 from ..drafters import (DraftModelDrafter, JacobiDrafter, NGramDrafter, StandDrafter, VocabTrimDrafter,
                        frequent_tokens, kept_token_ids)
 from ..core.checks import check_positive_int
-from ..core.engine import decode, decode_tree, default_rule
+from ..core.engine import decode
 from ..models.hf import HFCausalLM
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
 from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
 from ..core.stats import DecodeStats
-from ..core.verify import typical_verify
+from ..core.tree import decode_tree
+from ..core.verify import default_rule, typical_verify
 
 DRAFTERS = ("ngram", "jacobi", "stand")
 ACCEPTANCE = ("exact", "typical")

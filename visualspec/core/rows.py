@@ -1,0 +1,290 @@
+"""The rows in flight and one decode call's run, shared by every decode loop.
+
+:class:`_Rows` holds the per-row state of the rows decoding now (request ids, committed counts,
+token buffers, the acceptance map); :class:`_Run` is one call of a decode loop
+(:func:`visualspec.core.engine.decode`, :func:`visualspec.core.tree.decode_tree`,
+:func:`visualspec.core.continuous.decode_continuous`): it prefills, takes each row's first token,
+feeds windows, commits what a step accepted, moves finished rows out (refilling their slots from a
+request queue) and gathers the statistics. A loop only drafts, verifies and keeps its model's cache
+in step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .checks import check_positive_int
+from .constraints import TokenConstraints
+from .sampling import Generator, SamplingConfig, row_generators
+from .stats import DecodeStats
+from .verify import Rule
+
+
+def per_row(x, rows: int, device=None) -> torch.Tensor:
+    """An int or a (rows,) tensor of per-row counts -> a (rows,) long tensor."""
+    return torch.as_tensor(x, dtype=torch.long, device=device).expand(rows)
+
+
+class _Rows:
+    """Per-row state of the rows decoding now: request ids, committed counts, token buffers."""
+
+    def __init__(self, requests: torch.Tensor, num_tokens: int, generator: Generator, sampling: SamplingConfig,
+                 token_shape: tuple = (), dtype: torch.dtype = torch.long):
+        b, device = requests.shape[0], requests.device
+        self.N, self.sampling, self.all_generators = num_tokens, sampling, generator
+        self.req = requests
+        self.n = torch.zeros(b, dtype=torch.long, device=device)
+        # token ids (b, N), or continuous tokens (b, N, *token_shape)
+        self.seq = torch.zeros(b, num_tokens, *token_shape, dtype=dtype, device=device)
+        self.fixed = torch.zeros(b, num_tokens, dtype=torch.long, device=device)
+        self.forwards = torch.ones(b, dtype=torch.long, device=device)
+
+    def __len__(self):
+        return self.req.shape[0]
+
+    @property
+    def generator(self) -> Generator:
+        """The generator(s) of the rows in flight: one per row when one per request was given."""
+        return row_generators(self.all_generators, self.req)
+
+    def model(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-row values (b, ...) -> per-model-row values (:meth:`SamplingConfig.model_batch`)."""
+        return self.sampling.model_batch(x)
+
+    def model_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Row indices -> model row indices (:meth:`SamplingConfig.model_rows`)."""
+        return self.sampling.model_rows(rows, len(self))
+
+    def last(self) -> torch.Tensor:
+        """Each row's last committed token, x_{n-1}: (b, 1, *token_shape)."""
+        return self.seq[torch.arange(len(self), device=self.n.device), self.n - 1][:, None]
+
+    def positions(self, length: int) -> torch.Tensor:
+        """The positions n..n+length-1 of each row: (b, length)."""
+        return self.n[:, None] + torch.arange(length, device=self.n.device)
+
+    def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
+        """Commit, per row, the ``accepted`` first of ``drafts`` (b, K, ...) and then ``emitted``
+        (b, ...), at most the tokens the row has left, at its positions n..; returns the counts (b,)."""
+        trailing = emitted.shape[1:]  # continuous tokens carry their values along
+        candidates = torch.cat([drafts, emitted[:, None]], 1)
+        at = accepted.view(-1, 1, *[1] * len(trailing)).expand(-1, 1, *trailing)
+        candidates = candidates.scatter(1, at, emitted[:, None])  # (b, K+1): window order
+        remaining = self.N - self.n
+        counts = torch.minimum(accepted + 1, remaining)
+        offset = torch.arange(self.N, device=self.n.device)[None] - self.n[:, None]  # (b, N): window index
+        write = (offset >= 0) & (offset < counts[:, None])
+        index = offset.clamp(0, candidates.shape[1] - 1)
+        index = index.view(*index.shape, *[1] * len(trailing)).expand(*index.shape, *trailing)
+        values = candidates.gather(1, index)
+        self.seq = torch.where(write.view(*write.shape, *[1] * len(trailing)), values, self.seq)
+        self.fixed = torch.where(write, self.forwards[:, None], self.fixed)
+        self.n = self.n + counts
+        return counts
+
+    def start(self, rows: torch.Tensor, requests: torch.Tensor, first: torch.Tensor) -> None:
+        """Rows ``rows`` begin requests ``requests`` with first tokens ``first`` (one prefill)."""
+        self.req[rows] = requests
+        self.n[rows] = 1
+        self.seq[rows] = 0
+        self.seq[rows, 0] = first
+        self.fixed[rows] = 0
+        self.fixed[rows, 0] = 1
+        self.forwards[rows] = 1
+
+    def select(self, rows: torch.Tensor) -> None:
+        for name in ("req", "n", "seq", "fixed", "forwards"):
+            setattr(self, name, getattr(self, name)[rows])
+
+
+def _first_tokens(rule: Rule, p: torch.Tensor, generator) -> torch.Tensor:
+    """Token 0 of each row straight from the prefill's distributions ``p`` (b, V): one exact step
+    with no drafts."""
+    return rule(p.new_empty(p.shape[0], 0, dtype=torch.long), None, p[:, None], generator).next_tokens
+
+
+class _Run:
+    """One call of a decode loop: admits rows, commits, finishes them.
+
+    ``requests`` (a :class:`visualspec.core.engine.Requests`) decodes a queue in place of
+    ``prefix``: finished rows' slots go to waiting requests. Finished rows leave the batch when the
+    target can drop rows (``select``); else they stay in it, idle, committing nothing.
+    """
+
+    def __init__(self, target, prefix: Any, num_tokens: int, sampling: SamplingConfig, *, drafter, rule: Rule | None,
+                 generator: Generator, mode: str, progress=None, constraints: TokenConstraints | None = None,
+                 requests=None):
+        check_positive_int("num_tokens", num_tokens)
+        if constraints is not None and constraints.num_tokens != num_tokens:
+            raise ValueError(f"the constraints cover {constraints.num_tokens} positions, but {num_tokens} tokens "
+                             f"are to be generated")
+        if constraints is not None and constraints.guidance is not None and not sampling.uses_guidance:
+            raise ValueError("the constraints give per-position guidance scales, but the sampling uses no guidance "
+                             "(guidance_scale 1): the model batch has no unconditional rows to guide against")
+        self.constraints = constraints
+        self.t0 = time.perf_counter()
+        self.target, self.N, self.sampling, self.drafter = target, num_tokens, sampling, drafter
+        self.rule, self.progress, self.requests = rule, progress, requests
+        if requests is not None:
+            for name in ("refill", "select"):
+                if not hasattr(target, name):
+                    raise TypeError(f"{type(target).__name__} has no {name}(); continuous batching (Requests) "
+                                    f"needs a token model that can replace and drop rows")
+            prefix = requests.prefix(list(range(min(requests.slots, requests.count))))
+        out = target.prefill(prefix, num_tokens)
+        rows_in_model = out.shape[0] // sampling.model_rows_per_sample
+        total = requests.count if requests is not None else rows_in_model
+        if isinstance(generator, (list, tuple)) and len(generator) != total:
+            raise ValueError(f"got {len(generator)} generators for a batch of {total}")
+        every = torch.arange(rows_in_model, device=out.device)
+        first = self.first_tokens(out, row_generators(generator, every))
+        self.rows = _Rows(every.clone(), num_tokens, generator, sampling, first.shape[1:], first.dtype)
+        self.next_request = rows_in_model
+        self.tokens = first.new_empty(total, num_tokens, *first.shape[1:])
+        self.fixed_at = torch.empty(total, num_tokens, dtype=torch.long)
+        self.row_forwards = torch.empty(total, dtype=torch.long)
+        self.stats = DecodeStats(mode=mode, batch_size=total, num_tokens=num_tokens, target_forwards=1,
+                                 slots=rows_in_model)
+        self.rows.start(every, every, first)
+        self._count_first(rows_in_model)
+        if drafter is not None:
+            drafter.start(rows_in_model, num_tokens, sampling)
+        self._report(torch.ones(rows_in_model, dtype=torch.long))
+        self.finish_rows()
+
+    def first_tokens(self, out: torch.Tensor, generator: Generator) -> torch.Tensor:
+        """Token 0 of the rows just prefilled, from the target's output ``out`` for them (logits,
+        model rows x V) and their generator(s): one exact step of the rule."""
+        return _first_tokens(self.rule, self.probs(out, torch.zeros(out.shape[0] // self.sampling.model_rows_per_sample,
+                                                                    dtype=torch.long, device=out.device)), generator)
+
+    def _count_first(self, rows: int) -> None:
+        """Structural tokens among ``rows`` first tokens (position 0, from a prefill)."""
+        if self.constraints is not None and int(self.constraints.forced[0]) >= 0:
+            self.stats.structural_tokens += rows
+
+    def probs(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The target's distributions at ``positions`` (b, ...) from its ``logits``: the sampling's,
+        with the constraints' allowed tokens and guidance scales at those positions, if any."""
+        if self.constraints is None:
+            return self.sampling.probs(logits)
+        return self.sampling.probs(logits, self.constraints.allowed_mask(positions, self.target.vocab_size),
+                                   self.constraints.guidance_at(positions))
+
+    def _report(self, counts: torch.Tensor) -> None:
+        if self.progress:
+            self.progress(int(counts.sum()))
+
+    def live(self) -> bool:
+        """Whether a row is still decoding."""
+        return len(self.rows) > 0 and bool((self.rows.n < self.N).any())
+
+    def window_drafts(self, window, search, extra=None) -> tuple[int, bool]:
+        """Drafts this step and whether they get a sibling tree: the fixed ``window - 1`` (with a
+        tree whenever ``extra`` is given), or the ``search``'s choice (``extra(W)``: the nodes a
+        tree adds to a window of W). Not shortened near the end (rows there feed fillers), so a
+        row's random draws depend on the window alone."""
+        if self.drafter is None:
+            return 0, False
+        if search is None:
+            return window - 1, extra is not None
+        w, tree = search.option(len(self.rows) * self.sampling.model_rows_per_sample, extra=extra)
+        return w - 1, tree
+
+    def propose(self, k: int):
+        """The drafter's (at most) ``k`` drafts for every row and their laws, ``(drafts (b, k'),
+        draft_probs (b, k', V) or None)``, with the constraints' forced tokens put in; none
+        without a drafter."""
+        rows = self.rows
+        if self.drafter is None:
+            return rows.seq.new_empty(len(rows), 0), None
+        drafts, draft_probs = self.drafter.propose(rows.seq, rows.n, k, rows.generator)
+        if self.constraints is not None:
+            drafts, draft_probs = self.constraints.force_drafts(drafts, draft_probs, rows.positions(drafts.shape[1]),
+                                                                self.target.vocab_size)
+        return drafts, draft_probs
+
+    def forward_window(self, drafts: torch.Tensor) -> torch.Tensor:
+        """One target forward over each row's window ``[x_{n-1}, drafts]`` at positions n-1..:
+        the output (model rows, K+1, ...) at positions n..n+K."""
+        rows = self.rows
+        return self.target.forward_window(rows.model(torch.cat([rows.last(), drafts], 1)), rows.model(rows.n - 1))
+
+    def step_done(self) -> None:
+        """A target forward ran: count it, for every row still decoding."""
+        self.rows.forwards += (self.rows.n < self.N).long()
+        self.stats.target_forwards += 1
+
+    def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
+        """The shared commit step (:meth:`_Rows.commit`): tokens, acceptance map, statistics,
+        progress. Returns the counts (b,)."""
+        start = self.rows.n
+        counts = self.rows.commit(drafts, accepted, emitted)
+        if self.constraints is not None:
+            self.stats.structural_tokens += self.constraints.count(start, counts)
+        self.stats.accepted_lengths.extend(counts[counts > 0].tolist())  # finished rows kept idle commit 0
+        self._report(counts)
+        return counts
+
+    def crop(self, n: torch.Tensor, counts: torch.Tensor) -> None:
+        """After a chain step from positions ``n`` that committed ``counts``: the cache keeps
+        x_{<n'-1} (n' = n + counts); x_{n'-1} is fed next."""
+        self.target.crop(self.rows.model(n + counts - 1))
+
+    def keep(self, path: torch.Tensor, counts: torch.Tensor) -> None:
+        """After a tree step: keep the root and the accepted ``path`` (b, >= counts - 1) of tree
+        nodes, positions n-1 .. n+counts-2; drop every other node."""
+        self.target.keep(self.rows.model(torch.cat([torch.zeros_like(path[:, :1]), path], 1)), self.rows.model(counts))
+
+    @property
+    def drops_rows(self) -> bool:
+        """Whether finished rows leave the batch (else they stay in it, idle)."""
+        return hasattr(self.target, "select")
+
+    def finish_rows(self) -> None:
+        """Move finished rows out; refill their slots from the queue, else drop them."""
+        rows = self.rows
+        done = rows.n >= self.N
+        if not bool(done.any()):
+            return
+        finished = done.nonzero()[:, 0]
+        req = rows.req[finished]
+        self.tokens[req] = rows.seq[finished]
+        self.fixed_at[req] = rows.fixed[finished].cpu()
+        self.row_forwards[req] = rows.forwards[finished].cpu()
+        waiting = (self.requests.count - self.next_request) if self.requests is not None else 0
+        if waiting > 0:
+            slots = finished[:waiting]
+            ids = list(range(self.next_request, self.next_request + len(slots)))
+            self.next_request += len(slots)
+            out = self.target.refill(rows.model_rows(slots), self.requests.prefix(ids))
+            self.stats.target_forwards += 1
+            new = torch.tensor(ids, dtype=torch.long, device=rows.req.device)
+            rows.start(slots, new, self.first_tokens(out, row_generators(rows.all_generators, ids)))
+            self._count_first(len(slots))
+            if self.drafter is not None:
+                self.drafter.reset(slots, ids)
+            self._report(torch.ones(len(slots), dtype=torch.long))
+            done = rows.n >= self.N
+        if bool(done.any()):
+            keep = (~done).nonzero()[:, 0]
+            if len(keep):
+                if self.drops_rows:
+                    self.target.select(rows.model_rows(keep))
+                    if self.drafter is not None:
+                        self.drafter.select(keep)
+                    rows.select(keep)
+                # a model that cannot drop rows keeps them, idle: they commit nothing more
+            else:
+                rows.select(keep)
+
+    def result(self) -> tuple[torch.Tensor, DecodeStats]:
+        """The tokens of every row (request), in order, and the call's statistics."""
+        self.stats.fixed_at = self.fixed_at
+        self.stats.row_forwards = self.row_forwards
+        self.stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
+        self.stats.wall_time_s = time.perf_counter() - self.t0
+        return self.tokens, self.stats
