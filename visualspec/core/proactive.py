@@ -41,7 +41,7 @@ from functools import lru_cache
 
 import torch
 
-from .multidraft import MultiDraftVerdict, _decide, _rsd_stages, gumbel_noise
+from .multidraft import gumbel_noise, rsd_verify
 from .sampling import Generator, sample
 from .verify import Verdict, speculative_verify
 
@@ -125,15 +125,6 @@ def draw_siblings(drafts: torch.Tensor, q: torch.Tensor, siblings: int, generato
     keys = (logq + gumbel).scatter(-1, drafts[..., None], float("-inf"))
     others = keys.topk(siblings - 1, dim=-1).indices
     return torch.cat([drafts[..., None], others], dim=-1)
-
-
-def rsd_verify(candidates: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: Generator = None
-               ) -> MultiDraftVerdict:
-    """:func:`visualspec.core.multidraft.rsd_verify` without its argument checks (the engine made
-    the candidates distinct and the laws are softmax rows), on float64 laws renormalised exactly."""
-    q, p = q.double(), p.double()
-    q, p = q / q.sum(-1, keepdim=True), p / p.sum(-1, keepdim=True)
-    return _decide(candidates, *_rsd_stages(candidates, q, p), generator)
 
 
 def verify_sibling_tree(layout: SiblingLayout, candidates: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
