@@ -38,6 +38,7 @@ from typing import Callable, Union
 
 import torch
 
+from .checks import check_positive_int
 from .sampling import Generator, sample, uniform
 from .verify import leading_true, residual
 
@@ -85,9 +86,7 @@ class MultiDraftVerdict:
 
 
 def _check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or int(k) != k or k < 1:
-        raise ValueError(f"k (candidates per row) must be an integer >= 1, got {k!r}")
-    return int(k)
+    return int(check_positive_int("k (candidates per row)", k))
 
 
 def _check_probs(name: str, x: torch.Tensor, ndim: int = 2) -> torch.Tensor:

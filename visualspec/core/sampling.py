@@ -16,6 +16,8 @@ from typing import Sequence, Union
 
 import torch
 
+from .checks import check_int
+
 Generator = Union[None, torch.Generator, Sequence[torch.Generator]]
 
 
@@ -116,8 +118,7 @@ def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_s
     """Raise a ValueError naming the first bad sampling argument."""
     if temperature is None or temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
-    if top_k is None or int(top_k) != top_k or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {top_k!r}")
+    check_int("top_k (0 disables it)", top_k, 0)
     if top_p is None or not (0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if guidance_scale is None or guidance_scale < 0:

@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from .checks import check_int
 from .sampling import Generator, SamplingConfig, sample, uniform
 
 
@@ -230,8 +231,7 @@ def lantern_verify(draft_tokens, draft_probs, target_probs, generator: Generator
 
 def _check_gsd_args(group_size, embeddings, max_distance, vocab_size: int) -> None:
     """Raise a ValueError naming the first bad GSD argument."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 0:
-        raise ValueError(f"group_size must be an integer >= 0 (0 is exact speculative sampling), got {group_size!r}")
+    check_int("group_size (0 is exact speculative sampling)", group_size, 0)
     if max_distance is not None and not max_distance >= 0:  # also rejects NaN
         raise ValueError(f"max_distance must be >= 0 or None (no distance filter), got {max_distance!r}")
     if max_distance is not None and embeddings is None:
