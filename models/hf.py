@@ -7,6 +7,9 @@ import inspect
 
 import torch
 
+# the per-row state beside the cache (what select, branch and refill carry along)
+_ROW_STATE = ("prefix_mask", "first_position", "column_position", "column_valid")
+
 
 class HFCausalLM:
     """Adapter from a transformers ``AutoModelForCausalLM`` to :class:`visualspec.core.engine.TokenModel`.
@@ -125,8 +128,45 @@ class HFCausalLM:
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (in that order) and drop the others."""
         self.cache.batch_select_indices(rows)
-        for name in ("prefix_mask", "first_position", "column_position", "column_valid"):
+        for name in _ROW_STATE:
             setattr(self, name, getattr(self, name)[rows])
+
+    def refill(self, rows: torch.Tensor, prefix) -> torch.Tensor:
+        """Start new sequences in rows ``rows`` (continuous batching): run ``prefix`` (r rows) alone,
+        then write its cache into those rows, right-aligned to the prefix columns (every row's cache
+        is left-padded with columns nobody attends to when the new prefix is longer); the columns
+        of tokens fed since are invalid for the new rows. Returns logits (r, V) for position 0."""
+        old = {name: getattr(self, name) for name in ("cache", "prefix_len", *_ROW_STATE)}
+        logits = self.prefill(prefix, 0)
+        new = {name: getattr(self, name) for name in old}
+        for name, value in old.items():
+            setattr(self, name, value)
+        if new["prefix_len"] > self.prefix_len:
+            self._pad_left(new["prefix_len"] - self.prefix_len)
+        rows = torch.as_tensor(rows, device=self.column_valid.device)
+        r, columns, pad = len(rows), self.column_valid.shape[1], self.prefix_len - new["prefix_len"]
+        for layer, fresh in zip(self.cache.layers, new["cache"].layers):
+            for name in ("keys", "values"):
+                value = getattr(fresh, name)
+                full = value.new_zeros(r, value.shape[1], columns, value.shape[3])
+                full[:, :, pad:self.prefix_len] = value
+                getattr(layer, name)[rows] = full
+        self.prefix_mask[rows] = torch.nn.functional.pad(new["prefix_mask"], (pad, 0))
+        self.first_position[rows] = new["first_position"]
+        self.column_position[rows] = -1
+        self.column_valid[rows] = torch.nn.functional.pad(new["column_valid"], (pad, columns - self.prefix_len))
+        return logits
+
+    def _pad_left(self, n: int) -> None:
+        """Put ``n`` prefix columns that no row attends to before every row's cache."""
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                value = getattr(layer, name)
+                setattr(layer, name, torch.nn.functional.pad(value, (0, 0, n, 0)))
+        self.prefix_mask = torch.nn.functional.pad(self.prefix_mask, (n, 0))
+        self.column_position = torch.nn.functional.pad(self.column_position, (n, 0), value=-1)
+        self.column_valid = torch.nn.functional.pad(self.column_valid, (n, 0))
+        self.prefix_len += n
 
     # ------------------------------------------------------------------ trees and branches
 
@@ -159,11 +199,10 @@ class HFCausalLM:
     def branch(self, k: int):
         """Repeat every row k times (rows b*k .. b*k+k-1 continue row b) and return what
         :meth:`unbranch` needs to restore the unbranched state; used to draft k chains at once."""
-        names = ("prefix_mask", "first_position", "column_position", "column_valid")
-        saved = (self.cache, {name: getattr(self, name) for name in names})
+        saved = (self.cache, {name: getattr(self, name) for name in _ROW_STATE})
         self.cache = copy.deepcopy(self.cache)
         self.cache.batch_repeat_interleave(k)
-        for name in names:
+        for name in _ROW_STATE:
             setattr(self, name, getattr(self, name).repeat_interleave(k, 0))
         return saved
 

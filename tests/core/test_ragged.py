@@ -68,6 +68,32 @@ def test_text_rows_of_different_prompt_lengths_decode_alike_alone_and_together()
         assert torch.equal(alone[0], together[b])
 
 
+def test_a_transformers_model_refills_rows_as_it_decodes_them_alone():
+    """Continuous batching on the transformers adapter: a queue of prompts of different lengths,
+    two at a time, so that refilled prompts are both shorter and longer than the cache's prefix
+    columns; each row's tokens equal its tokens decoded alone, and with a generator per prompt."""
+    model = HFCausalLM(tiny_hf("llama"))
+    lengths = [3, 6, 2, 7, 4]
+    prompts = [torch.randint(2, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in lengths]
+
+    def prefix(rows):
+        width = max(len(prompts[r]) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, width - len(prompts[r]):], mask[i, width - len(prompts[r]):] = prompts[r], 1
+        return ids, mask
+
+    sampling = SamplingConfig(temperature=0.8)
+    queued, stats = decode(model, Requests(5, prefix, slots=2), 12, sampling, drafter=JacobiDrafter(64, "repeat_left"),
+                           window=3, generator=_generators(range(5)))
+    assert stats.slots == 2 and stats.row_forwards.unique().numel() > 1
+    for r in range(5):
+        alone, _ = decode(model, prefix([r]), 12, sampling, drafter=JacobiDrafter(64, "repeat_left"), window=3,
+                          generator=_generators([r]))
+        assert torch.equal(alone[0], queued[r]), f"prompt {r} depends on the rows it was batched with"
+
+
 def test_finished_rows_leave_the_batch():
     model = tiny_llamagen(seed=2, vocab_size=16, block_size=16, std=0.3)
     shapes = []
@@ -90,8 +116,17 @@ def test_bad_batches_get_clear_errors():
         decode(model, _labels([0, 1], PLAIN), 16, PLAIN, generator=_generators([0, 1, 2]))
     with pytest.raises(ValueError, match="slots"):
         Requests(4, lambda rows: None, slots=0)
+    class NoRefill:  # a token model that cannot start new sequences mid-decode
+        def __init__(self, model):
+            self.model = model
+
+        def __getattr__(self, name):
+            if name == "refill":
+                raise AttributeError(name)
+            return getattr(self.model, name)
+
     with pytest.raises(TypeError, match="continuous batching"):
-        decode(HFCausalLM(tiny_hf("llama")), Requests(2, lambda rows: torch.ones(len(rows), 3, dtype=torch.long), 1),
+        decode(NoRefill(HFCausalLM(tiny_hf("llama"))), Requests(2, lambda rows: torch.ones(len(rows), 3, dtype=torch.long), 1),
                4, PLAIN)
     with pytest.raises(ValueError, match="window"):
         decode(model, _labels([0], PLAIN), 16, PLAIN, drafter=_jacobi(), window=0)
