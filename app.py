@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import time
@@ -29,9 +28,8 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from visualspec.assets import ARENA_NFD
-from visualspec.tools.cli import load_pipeline
+from visualspec.tools.loading import load_pipeline
 
-MODES = ["sjd", "lantern", "ar"]
 WORLD_DIR = ARENA_NFD
 
 
@@ -54,20 +52,15 @@ class ImageDemo:
         self.pipe = pipe
 
     def acceptance_map(self, stats):
-        """Which forward fixed each token of the first image: the code grid (LlamaGen), or the
-        generated rows with their row-end column (unified-vocabulary models)."""
-        layout = getattr(self.pipe, "layout", None)
-        if layout is None:
-            grid = self.pipe.transformer.grid_size
-            return stats.acceptance_map_image(grid, grid, scale=1)
-        rows = layout.height * layout.row_length
-        image_rows = dataclasses.replace(stats, fixed_at=stats.fixed_at[:, :rows], num_tokens=rows)
-        return image_rows.acceptance_map_image(layout.height, layout.row_length, scale=1)
+        """Which forward fixed each token of the first image (None for a pipeline that does not draw
+        its tokens in raster order)."""
+        return None if self.pipe.acceptance_grid() is None else self.pipe.acceptance_map(stats, scale=1)
 
     def generate(self, prompt: str, decoding: str, guidance_scale: float, seed: int):
         out = self.pipe(prompt, decoding=decoding, guidance_scale=guidance_scale, seed=int(seed))
         stats = out.stats
-        return shown(out.images[0]), shown(self.acceptance_map(stats)), json.dumps(stats.to_dict(), indent=1)
+        amap = self.acceptance_map(stats)
+        return shown(out.images[0]), amap and shown(amap), json.dumps(stats.to_dict(), indent=1)
 
     def compare(self, prompt: str, guidance_scale: float, seed: int):
         """AR and SJD on the same prompt and seed, one after the other."""
@@ -231,7 +224,8 @@ def build_demo(pipe, world=None):
             with gr.Row():
                 with gr.Column():
                     prompt = gr.Textbox(label="Prompt", value="a photo of a red circle", elem_id="prompt")
-                    decoding = gr.Radio(MODES, value="sjd", label="Decoding")
+                    modes = pipe.available_decodings()
+                    decoding = gr.Radio(list(modes), value=pipe.default_decoding(), label="Decoding")
                     scale = gr.Slider(0, 10, value=guidance, step=0.5, label="Guidance scale")
                     seed = gr.Number(value=0, precision=0, label="Seed")
                     run = gr.Button("Generate", variant="primary", elem_id="generate")

@@ -37,7 +37,7 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
     import torch
     from playwright.sync_api import sync_playwright
 
-    from visualspec.tools.cli import load_pipeline
+    from visualspec.tools.loading import load_pipeline
 
     chromium = find_chromium()
     if chromium is None:

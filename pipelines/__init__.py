@@ -1,11 +1,13 @@
 """Pipelines: thin compositions of models (visualspec.models) with the decode core."""
 
 from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import LlamaGenPipeline, VisualSpecImageOutput
+from .image import ImagePipeline, TokenImagePipeline, VisualSpecImageOutput
+from .llamagen import LlamaGenPipeline
 from .continuous import ContinuousARPipeline
 from .mar import MARPipeline
 from .nfd import NextFramePipeline, VisualSpecVideoOutput, export_video
 from .unified import UnifiedARPipeline
 
-__all__ = ["VisualSpecPipeline", "register_pipeline", "LlamaGenPipeline", "ContinuousARPipeline", "MARPipeline",
-           "UnifiedARPipeline", "VisualSpecImageOutput", "NextFramePipeline", "VisualSpecVideoOutput", "export_video"]
+__all__ = ["VisualSpecPipeline", "register_pipeline", "ImagePipeline", "TokenImagePipeline", "LlamaGenPipeline",
+           "ContinuousARPipeline", "MARPipeline", "UnifiedARPipeline", "VisualSpecImageOutput", "NextFramePipeline",
+           "VisualSpecVideoOutput", "export_video"]

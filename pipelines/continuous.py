@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 
+from visualspec.core.checks import check_int
 from visualspec.core.continuous import decode_continuous
 from visualspec.core.sampling import SamplingConfig, make_generator
 from visualspec.core.stats import merge_decode_stats
@@ -19,20 +20,41 @@ from visualspec.drafters import ContinuousDraftModelDrafter
 
 from ..models.continuous_ar import ContinuousARTransformer
 from ..models.kl_vae import KLAutoencoder
-from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import OUTPUT_TYPES, PromptConditioning, VisualSpecImageOutput, check_draft_compatible
-
-CONTINUOUS_DECODING = ("ar", "cspd")
+from .base import register_pipeline
+from .image import ImagePipeline, PromptConditioning, check_draft_compatible
 
 
 @register_pipeline
-class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
+class ContinuousARPipeline(PromptConditioning, ImagePipeline):
     """Components: ``transformer`` (the target), ``vae`` (:class:`KLAutoencoder`), for text models
     ``text_encoder`` and ``tokenizer``, and optionally ``draft_model`` (a smaller continuous-token
     model of the same token dimension) for ``decoding="cspd"``."""
 
     model_cpu_offload_seq = "text_encoder->transformer->vae"
     _optional_components = ["text_encoder", "tokenizer", "draft_model"]
+    display_name = "a continuous-token model"
+    decoding_modes = ("ar", "cspd")
+    bench_modes = {"ar": dict(decoding="ar"), "cspd": dict(decoding="cspd"),
+                   "cspd+flat": dict(decoding="cspd", flatten=42.0)}  # the released CSpD code's ratio (lossy)
+    default_bench_modes = ("ar", "cspd", "cspd+flat")
+
+    def default_decoding(self) -> str:
+        return "cspd" if self.draft_model is not None else "ar"
+
+    def available_decodings(self) -> tuple[str, ...]:
+        return ("ar", "cspd") if self.draft_model is not None else ("ar",)
+
+    @classmethod
+    def bench_mode(cls, mode: str) -> dict:
+        """A mode, optionally ``@N`` for N diffusion-head steps per token (``ar@25``: the
+        fewer-steps baseline)."""
+        name, _, steps = mode.partition("@")
+        if name in cls.bench_modes and steps.isdigit():
+            return {**cls.bench_modes[name], "num_steps": int(steps)}
+        if steps:
+            raise ValueError(f"unknown benchmark mode {mode!r}: it is not built for {cls.display_name}; choose "
+                             f"from {', '.join(cls.bench_modes)}, each optionally @STEPS")
+        return super().bench_mode(mode)
 
     def __init__(self, transformer: ContinuousARTransformer, vae: KLAutoencoder, text_encoder=None, tokenizer=None,
                  draft_model: ContinuousARTransformer | None = None, default_guidance_scale: float = 3.0,
@@ -45,30 +67,22 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
 
     def check_inputs(self, decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
                      num_images_per_prompt, num_steps=None) -> None:
-        if decoding not in CONTINUOUS_DECODING:
-            raise ValueError(f"decoding must be one of {CONTINUOUS_DECODING} for continuous tokens, got {decoding!r}")
+        self.check_decoding(decoding)
         if decoding == "cspd":
             if self.draft_model is None:
                 raise ValueError("decoding='cspd' needs a draft_model (a smaller continuous-token model)")
             check_draft_compatible(self.transformer, self.draft_model, token_field="token_dim")
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma (drafts per step) must be an integer >= 1, got {gamma!r}")
+        check_int("gamma (drafts per step)", gamma)
         if not 0.0 <= prefill < 1.0:
             raise ValueError(f"the pre-fill fraction must lie in [0, 1), got {prefill!r}")
-        if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int)
-                                      or not 1 <= num_steps <= 1000):
-            raise ValueError(f"num_steps (the diffusion head's sampling steps) must be an integer in [1, 1000], "
-                             f"got {num_steps!r}")
+        check_int("num_steps (the diffusion head's sampling steps)", num_steps, 1, high=1000, optional=True)
         if not guidance_scale >= 1.0:
             raise ValueError(f"guidance_scale must be >= 1 (1 = no guidance), got {guidance_scale}")
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for a diffusion head, got {temperature}")
         if not flatten >= 1.0:
             raise ValueError(f"flatten must be >= 1 (1 = the exact rule), got {flatten}")
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
-        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
+        self.check_common(output_type, num_images_per_prompt)
 
     @torch.no_grad()
     def __call__(self, prompt=None, class_labels=None, *, decoding: str | None = None, gamma: int | None = None,
@@ -85,16 +99,13 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
         ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (tokens (B, N, D)). ``batch_size``: at most
         this many images decode at once, the rest in later groups (a row's tokens depend only on
         its condition and generator, so the grouping changes no image)."""
-        decoding = decoding or ("cspd" if self.draft_model is not None else "ar")
-        gamma = self.config.default_gamma if gamma is None else gamma
-        prefill = self.config.default_prefill if prefill is None else prefill
-        guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
+        decoding = decoding or self.default_decoding()
+        gamma, prefill, guidance_scale = (self.folder_default(name, value) for name, value in
+                                          (("gamma", gamma), ("prefill", prefill), ("guidance_scale", guidance_scale)))
         self.check_inputs(decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
                           num_images_per_prompt, num_steps)
         sampling = SamplingConfig(guidance_scale=guidance_scale)
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        self.check_common(output_type, num_images_per_prompt, batch_size)
         cond = self._conditions(prompt, class_labels, num_images_per_prompt)
         gen = make_generator(seed, generator)
         rows = (cond[0] if isinstance(cond, tuple) else cond).shape[0]
@@ -115,10 +126,7 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
                                             flatten, part_gen))
         tokens = torch.cat([t for t, _ in outputs])
         stats = merge_decode_stats([s for _, s in outputs])
-        images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
-        if not return_dict:
-            return images, stats
-        return VisualSpecImageOutput(images=images, stats=stats)
+        return self.output(tokens, stats, output_type, return_dict, self.decode_images)
 
     def _decode(self, cond, sampling, decoding, gamma, prefill, guidance_scale, temperature, flatten, generator):
         target, drafter = self.transformer, None
@@ -130,12 +138,8 @@ class ContinuousARPipeline(PromptConditioning, VisualSpecPipeline):
                                  flatten=flatten, mode=decoding)
 
     @torch.no_grad()
-    def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
-        """Raster-order tokens (B, N, D) -> images through the autoencoder."""
+    def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Raster-order tokens (B, N, D) -> images (B, 3, H, W) in [-1, 1] through the autoencoder."""
         g = self.transformer.grid_size
         latents = tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], g, g)
-        images = ((self.vae.decode(latents.to(self.vae.dtype)).float() + 1) / 2).clamp(0, 1)
-        if output_type == "pt":
-            return images
-        array = images.permute(0, 2, 3, 1).cpu().numpy()
-        return self.numpy_to_pil(array) if output_type == "pil" else array
+        return self.vae.decode(latents.to(self.vae.dtype))

@@ -13,21 +13,21 @@ from visualspec.core.stats import DecodeStats
 
 from ..models.kl_vae import KLAutoencoder
 from ..models.mar import MAR
-from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput, class_label_list
+from .base import register_pipeline
+from .image import ImagePipeline, class_label_list
 
 # MAR's README evaluation guidance per size; its demos use 64 steps
 DEFAULT_GUIDANCE = {"mar_base": 2.9, "mar_large": 3.0, "mar_huge": 3.2}
-# options of the token pipelines that have no meaning for MAR's continuous tokens
-_TOKEN_ONLY = ("top_k", "top_p", "epsilon_cutoff", "window", "jacobi_init", "coupling", "lantern_k", "lantern_delta",
-               "gsd_group_size", "batch_size")
 
 
 @register_pipeline
-class MARPipeline(VisualSpecPipeline):
+class MARPipeline(ImagePipeline):
     """Class-conditional generation with MAR (``transformer``) and its KL-16 autoencoder (``vae``)."""
 
     model_cpu_offload_seq = "transformer->vae"
+    display_name = "MAR"
+    decoding_modes = ("ar",)  # its own masked sampler; no bench modes: nothing to compare it with
+    is_text_conditional = False
 
     def __init__(self, transformer: MAR, vae: KLAutoencoder, default_guidance_scale: float = 3.0,
                  default_num_iter: int = 64, default_cfg_schedule: str = "linear"):
@@ -36,17 +36,9 @@ class MARPipeline(VisualSpecPipeline):
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_num_iter=default_num_iter,
                                 default_cfg_schedule=default_cfg_schedule)
 
-    is_text_conditional = False
-
     def check_inputs(self, class_labels, decoding, num_iter, guidance_scale, cfg_schedule, temperature, output_type,
-                     num_images_per_prompt, unsupported: dict) -> list[int]:
-        given = [k for k, v in unsupported.items() if v is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not an option of MAR "
-                             f"(continuous tokens); it takes num_iter, guidance_scale, cfg_schedule and temperature")
-        if decoding != "ar":
-            raise ValueError(f"MAR decodes with decoding='ar' (its own masked sampler); {decoding!r} is not built "
-                             f"for MAR yet")
+                     num_images_per_prompt) -> list[int]:
+        self.check_decoding(decoding)
         labels = class_label_list(class_labels, self.transformer.config.class_num, model="MAR")
         seq_len = self.transformer.seq_len
         if not isinstance(num_iter, int) or not 1 <= num_iter <= seq_len:
@@ -57,30 +49,24 @@ class MARPipeline(VisualSpecPipeline):
             raise ValueError(f"cfg_schedule must be 'linear' or 'constant', got {cfg_schedule!r}")
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for MAR's diffusion head, got {temperature}")
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
-        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
+        self.check_common(output_type, num_images_per_prompt)
         return labels
 
     @torch.no_grad()
     def __call__(self, class_labels=None, *, decoding: str = "ar", num_iter: int | None = None,
                  guidance_scale: float | None = None, cfg_schedule: str | None = None, temperature: float = 1.0,
                  num_images_per_prompt: int = 1, seed: int | None = None, generator=None, output_type: str = "pil",
-                 return_dict: bool = True, **token_options):
+                 return_dict: bool = True, **others):
         """Generate images of ``class_labels`` (an int or a list). ``num_iter`` (MAR's AR steps),
         ``guidance_scale`` and ``cfg_schedule`` (``"linear"`` or ``"constant"``) default to the
         folder's; ``temperature`` scales the head's noise; ``seed`` or ``generator`` (one, or one
         per image) make results repeatable; ``output_type`` is ``"pil"``, ``"np"``, ``"pt"`` or
         ``"latent"`` (tokens (B, 256, 16))."""
-        unknown = [k for k in token_options if k not in _TOKEN_ONLY]
-        if unknown:
-            raise TypeError(f"MARPipeline got unexpected arguments {unknown}")
-        num_iter = self.config.default_num_iter if num_iter is None else num_iter
-        guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
-        cfg_schedule = self.config.default_cfg_schedule if cfg_schedule is None else cfg_schedule
+        self.refuse_options(others)  # a token pipeline's option, named as such
+        num_iter, guidance_scale, cfg_schedule = (self.folder_default(name, value) for name, value in (
+            ("num_iter", num_iter), ("guidance_scale", guidance_scale), ("cfg_schedule", cfg_schedule)))
         labels = self.check_inputs(class_labels, decoding, num_iter, guidance_scale, cfg_schedule, temperature,
-                                   output_type, num_images_per_prompt, token_options)
+                                   output_type, num_images_per_prompt)
         labels = torch.tensor([x for x in labels for _ in range(num_images_per_prompt)], device=self.device)
         gen = make_generator(seed, generator)
         stats = DecodeStats(mode="mar", batch_size=len(labels), num_tokens=self.transformer.seq_len,
@@ -88,16 +74,8 @@ class MARPipeline(VisualSpecPipeline):
         tokens = self.transformer.generate(labels, num_iter=num_iter, cfg=guidance_scale, cfg_schedule=cfg_schedule,
                                            temperature=temperature, generator=gen)
         stats.row_forwards = torch.full((len(labels),), num_iter)
-        if output_type == "latent":
-            images = tokens
-        else:
-            images = ((self.vae.decode(self.transformer.unpatchify(tokens)).float() + 1) / 2).clamp(0, 1)
-            if output_type != "pt":
-                array = images.permute(0, 2, 3, 1).cpu().numpy()
-                images = self.numpy_to_pil(array) if output_type == "pil" else array
-        if not return_dict:
-            return images, stats
-        return VisualSpecImageOutput(images=images, stats=stats)
+        return self.output(tokens, stats, output_type, return_dict,
+                           lambda t: self.vae.decode(self.transformer.unpatchify(t)))
 
 
 def convert_mar(checkpoint: str, vae_checkpoint: str, output_dir: str | None = None, *, name: str = "mar_base",

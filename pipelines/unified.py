@@ -14,26 +14,20 @@ the same batch. What differs between the families is in
 from __future__ import annotations
 
 import warnings
-from functools import partial
 
 import torch
 
-from visualspec.core.engine import decode
+from visualspec.core.engine import Requests, decode
 from visualspec.core.sampling import SamplingConfig, make_generator
-from visualspec.core.stats import merge_decode_stats
-from visualspec.core.verify import lantern_verify
-from visualspec.drafters import INIT_SCHEMES, JacobiDrafter
 
 from ..models.llamagen_vq import nearest_codes
 from ..models.unified_ar import GUIDANCE_SCHEDULES, lumina2_guidance, unified_family
-from .base import VisualSpecPipeline, register_pipeline
-from .llamagen import OUTPUT_TYPES, VisualSpecImageOutput, image_output
-
-UNIFIED_DECODING_MODES = ("ar", "sjd", "lantern")
+from .base import register_pipeline
+from .image import TOKEN_BENCH_MODES, TokenImagePipeline, window_policy
 
 
 @register_pipeline
-class UnifiedARPipeline(VisualSpecPipeline):
+class UnifiedARPipeline(TokenImagePipeline):
     """Text-to-image with a unified-vocabulary model.
 
     Components: ``transformer`` (transformers' ``ChameleonForConditionalGeneration`` for
@@ -55,6 +49,10 @@ class UnifiedARPipeline(VisualSpecPipeline):
 
     model_cpu_offload_seq = "transformer->vq_model"
     _optional_components = ["vq_model"]
+    display_name = "a unified-vocabulary model"
+    decoding_modes = ("sjd", "ar", "lantern")
+    bench_modes = {name: TOKEN_BENCH_MODES[name] for name in ("ar", "sjd", "sjd+coupling", "lantern")}
+    default_bench_modes = ("ar", "sjd", "sjd+coupling", "lantern")
 
     def __init__(self, transformer, tokenizer, vq_model=None, image_height: int = 16, image_width: int = 16,
                  prompt_template: str = "{prompt}", separator: str | None = "<reserved08706>",
@@ -126,7 +124,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
         return table.to(self.device)
 
     def check_inputs(self, prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt,
-                     lantern_k=16, lantern_delta=0.05, negative_prompts=None, guidance_schedule="constant") -> None:
+                     lantern_k=16, lantern_delta=0.05, negative_prompts=None, guidance_schedule="constant",
+                     coupling=False, batch_size=None) -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         if guidance_schedule not in GUIDANCE_SCHEDULES:
             raise ValueError(f"unknown guidance_schedule {guidance_schedule!r}; choose one of {GUIDANCE_SCHEDULES}")
@@ -137,23 +136,8 @@ class UnifiedARPipeline(VisualSpecPipeline):
             for i, p in enumerate(negative_prompts):
                 if not isinstance(p, str):
                     raise ValueError(f"negative_prompt[{i}] must be a string, got {p!r}")
-        if decoding not in UNIFIED_DECODING_MODES:
-            raise ValueError(f"unknown decoding mode {decoding!r} for a unified-vocabulary model; choose one of "
-                             f"{UNIFIED_DECODING_MODES}")
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
-        if window != "auto" and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-            raise ValueError(f"window must be an integer >= 1 or 'auto', got {window!r}")
-        if jacobi_init not in INIT_SCHEMES:
-            raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
-        if decoding == "lantern":
-            if not 0 <= lantern_delta <= 1:
-                raise ValueError(f"lantern_delta must be in [0, 1], got {lantern_delta!r}")
-            if not isinstance(lantern_k, int) or isinstance(lantern_k, bool) or lantern_k < 1:
-                raise ValueError(f"lantern_k must be an integer >= 1, got {lantern_k!r}")
-        if not isinstance(num_images_per_prompt, int) or isinstance(num_images_per_prompt, bool) or \
-                num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be an integer >= 1, got {num_images_per_prompt!r}")
+        self.check_token_options(decoding, window, jacobi_init, coupling, lantern_k, lantern_delta)
+        self.check_common(output_type, num_images_per_prompt, batch_size)
         if not prompts:
             raise ValueError("the prompt list is empty")
         for i, p in enumerate(prompts):
@@ -209,9 +193,9 @@ class UnifiedARPipeline(VisualSpecPipeline):
                  seed: int | None = None, generator=None, output_type: str = "pil", return_dict: bool = True):
         """Generate images: ``decoding`` ``"ar"``, ``"sjd"`` (lossless) or ``"lantern"`` (lossy: a
         draft may take the mass of its ``lantern_k`` nearest codes up to ``lantern_delta``),
-        ``height`` and ``width`` in pixels (None: the folder's size), ``batch_size`` images at a
-        time (None: all; these models decode in fixed batches, one after another, without the
-        LlamaGen pipeline's refilling of finished rows), and the LlamaGen pipeline's conventions
+        ``height`` and ``width`` in pixels (None: the folder's size), ``batch_size``: at most
+        this many images decode at once, a finished image's place going to the next (continuous
+        batching, as in every token pipeline; None: all at once), and the LlamaGen pipeline's conventions
         for the rest (``epsilon_cutoff``, None: the folder's, drops the image codes to which the
         conditional model gives less than that probability; ``window="auto"`` measures window
         costs once per batch size on this machine; ``seed`` or one generator per image;
@@ -227,54 +211,40 @@ class UnifiedARPipeline(VisualSpecPipeline):
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         negatives = None if negative_prompt is None else (
             [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else list(negative_prompt))
-        schedule = self.config.default_guidance_schedule if guidance_schedule is None else guidance_schedule
-        jacobi_init = self.config.default_jacobi_init if jacobi_init is None else jacobi_init
-        lantern_k = self.config.default_lantern_k if lantern_k is None else lantern_k
-        lantern_delta = self.config.default_lantern_delta if lantern_delta is None else lantern_delta
-        self.check_inputs(prompts, decoding, output_type, window, jacobi_init, num_images_per_prompt, lantern_k,
-                          lantern_delta, negatives, schedule)
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise ValueError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
-        guidance_scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
-        top_k = self.config.default_top_k if top_k is None else top_k
-        epsilon_cutoff = self.config.default_epsilon_cutoff if epsilon_cutoff is None else epsilon_cutoff
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale,
-                                  epsilon_cutoff=epsilon_cutoff)
+        d = self.folder_defaults(guidance_schedule=guidance_schedule, jacobi_init=jacobi_init, lantern_k=lantern_k,
+                                 lantern_delta=lantern_delta, guidance_scale=guidance_scale, top_k=top_k,
+                                 epsilon_cutoff=epsilon_cutoff)
+        self.check_inputs(prompts, decoding, output_type, window, d["jacobi_init"], num_images_per_prompt,
+                          d["lantern_k"], d["lantern_delta"], negatives, d["guidance_schedule"], coupling, batch_size)
+        sampling = SamplingConfig(temperature=temperature, top_k=d["top_k"], top_p=top_p,
+                                  guidance_scale=d["guidance_scale"], epsilon_cutoff=d["epsilon_cutoff"])
         prompts = [p for p in prompts for _ in range(num_images_per_prompt)]
         if negatives is not None:
             negatives = [p for p in negatives for _ in range(num_images_per_prompt)]
         family = self.family
         layout, target = self.layout_for(*self.code_grid(height, width)), family.token_model()
-        constraints = layout.constraints(target.vocab_size, self.guidance_at_positions(layout, sampling, schedule))
-        drafter, rule = None, None
-        if decoding in ("sjd", "lantern"):
-            drafter = JacobiDrafter(target.vocab_size, jacobi_init, grid_width=layout.row_length, coupling=coupling)
-        if decoding == "lantern" and not sampling.greedy:
-            k = min(lantern_k, len(layout.code_tokens) - 1)  # a code has that many others
-            rule = partial(lantern_verify, neighbours=self.neighbour_table(k), delta=lantern_delta)
+        constraints = layout.constraints(target.vocab_size,
+                                         self.guidance_at_positions(layout, sampling, d["guidance_schedule"]))
+        drafter, rule = self.token_decoding(
+            decoding, sampling, vocab_size=target.vocab_size, grid_width=layout.row_length,
+            jacobi_init=d["jacobi_init"], coupling=coupling, lantern_delta=d["lantern_delta"],
+            lantern_k=min(d["lantern_k"], len(layout.code_tokens) - 1))  # a code has that many others
         gen = make_generator(seed, generator)
-        size = batch_size or len(prompts)
-        parts = []
+        slots = min(batch_size or len(prompts), len(prompts))
+
+        def prefix_of(rows):
+            return self.encode_prompts([prompts[i] for i in rows], sampling.uses_guidance, layout,
+                                       None if negatives is None else [negatives[i] for i in rows])
+
+        prefix = (Requests(len(prompts), prefix_of, slots) if slots < len(prompts)
+                  else prefix_of(range(len(prompts))))
+        if window == "auto":
+            window = window_policy(target, lambda r: prefix_of(range(r)), layout.num_tokens, slots) if drafter else 1
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
-            for start in range(0, len(prompts), size):
-                rows = range(start, min(start + size, len(prompts)))
-                prefix = self.encode_prompts([prompts[i] for i in rows], sampling.uses_guidance, layout,
-                                             None if negatives is None else [negatives[i] for i in rows])
-                steps = 1 if drafter is None else window
-                if steps == "auto":
-                    steps = self.window_policy(target, prefix, layout.num_tokens)
-                parts.append(decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
-                                    window=steps, generator=gen[start:rows.stop] if isinstance(gen, list) else gen,
-                                    constraints=constraints, progress=bar.update,
-                                    mode=decoding + ("+coupling" if coupling and drafter else "")))
-        tokens = torch.cat([t for t, _ in parts])
-        stats = merge_decode_stats([s for _, s in parts])
-        images = tokens if output_type == "latent" else image_output(self, family.decode(layout.codes(tokens)),
-                                                                     output_type)
-        if not return_dict:
-            return images, stats
-        return VisualSpecImageOutput(images=images, stats=stats)
+            tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
+                                   window=window if drafter else 1, generator=gen, constraints=constraints,
+                                   progress=bar.update, mode=decoding + ("+coupling" if coupling and drafter else ""))
+        return self.output(tokens, stats, output_type, return_dict, lambda t: family.decode(layout.codes(t)))
 
     def guidance_at_positions(self, layout, sampling: SamplingConfig, schedule: str):
         """The guidance scale at each generated position under ``schedule``, or None where it is
@@ -288,10 +258,14 @@ class UnifiedARPipeline(VisualSpecPipeline):
         cell = self.config.grid_cell_codes
         return lumina2_guidance(scale, layout.num_tokens, (layout.height // cell) * (layout.width // cell))
 
-    def window_policy(self, target, prefix, num_tokens: int):
-        """``window="auto"``'s policy at this batch: its cost table, measured once per model, batch
-        and machine and cached on disk."""
-        from visualspec.core.window import WindowPolicy, prefix_rows
-        from visualspec.core.window_costs import cached_window_costs
+    def window_plan(self, prompts: list, batch_size: int, sampling: SamplingConfig):
+        layout = self.layout
 
-        return WindowPolicy({prefix_rows(prefix): cached_window_costs(target, prefix, num_tokens)})
+        def prefix_of(rows: int):
+            return self.encode_prompts(prompts[:rows], sampling.uses_guidance, layout)
+
+        return self.family.token_model(), prefix_of, layout.num_tokens
+
+    def acceptance_grid(self) -> tuple[int, int]:
+        """The image's rows of codes, each with its row-end column."""
+        return self.layout.height, self.layout.row_length

@@ -40,6 +40,8 @@ def test_the_wheel_holds_every_shipped_model_file(wheel):
     missing = [name for name in assets if "visualspec/" + name not in names]
     assert missing == []
     assert "visualspec/core/engine.py" in names and "visualspec/models/llamagen.py" in names
+    modules = [name for name in tracked("visualspec") if name.endswith(".py")]
+    assert [name for name in modules if name not in names] == []  # every subpackage is listed in pyproject.toml
     assert not any(name.startswith(("tests/", "assets/", "models/", "pipelines/")) for name in names)
 
 
@@ -48,8 +50,8 @@ def test_the_installed_package_generates_on_its_shipped_model_from_another_folde
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
     env = {**os.environ, "PYTHONPATH": str(target)}
-    code = ("import visualspec.assets as a, visualspec.tools.cli as c; "
-            "print(a.SHAPES_T2I); print(c.default_model()[1]); "
+    code = ("import visualspec.assets as a, visualspec.tools.cli as c, visualspec.tools.loading as m; "
+            "print(a.SHAPES_T2I); print(m.default_model()[1]); "
             "assert c.main(['generate', 'a photo of a red circle', '--seed', '0', '-o', 'out.png']) == 0; "
             "raise SystemExit(c.main(['video', '--actions', 'right,up', '--frames', '4', '-o', 'play.gif']))")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -23,7 +23,7 @@ from visualspec.worlds import arena  # noqa: E402
 
 @pytest.fixture(scope="module")
 def url():
-    from visualspec.tools.cli import load_pipeline
+    from visualspec.tools.loading import load_pipeline
 
     world = app.load_world(None)
     assert world is not None, "the shipped world model (assets/arena-nfd) is missing"

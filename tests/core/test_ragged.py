@@ -126,8 +126,8 @@ def test_bad_batches_get_clear_errors():
             return getattr(self.model, name)
 
     with pytest.raises(TypeError, match="continuous batching"):
-        decode(NoRefill(HFCausalLM(tiny_hf("llama"))), Requests(2, lambda rows: torch.ones(len(rows), 3, dtype=torch.long), 1),
-               4, PLAIN)
+        decode(NoRefill(HFCausalLM(tiny_hf("llama"))),
+               Requests(2, lambda rows: torch.ones(len(rows), 3, dtype=torch.long), 1), 4, PLAIN)
     with pytest.raises(ValueError, match="window"):
         decode(model, _labels([0], PLAIN), 16, PLAIN, drafter=_jacobi(), window=0)
 

@@ -56,7 +56,7 @@ def test_num_steps_sets_both_heads_steps_for_the_call_only(folder):
 
 def test_bad_input_names_the_problem(folder):
     pipe = VisualSpecPipeline.from_pretrained(folder)
-    for kwargs, message in [(dict(decoding="sjd"), "continuous tokens"), (dict(gamma=0), "gamma"),
+    for kwargs, message in [(dict(decoding="sjd"), "not built for a continuous-token model"), (dict(gamma=0), "gamma"),
                             (dict(prefill=1.0), "pre-fill fraction"), (dict(guidance_scale=0.5), "guidance_scale"),
                             (dict(flatten=0.5), "flatten"), (dict(output_type="gif"), "output_type"),
                             (dict(num_steps=0), "num_steps"), (dict(num_steps=2.5), "num_steps")]:
@@ -111,13 +111,13 @@ def test_the_batch_command_takes_a_text_model_and_grouping_changes_no_image(tmp_
 
 
 def test_the_benchmark_compares_ar_cspd_and_fewer_steps_side_by_side(folder, tmp_path, capsys):
-    from visualspec.tools.bench import mode_kwargs
+    from visualspec.pipelines import ContinuousARPipeline
     from visualspec.tools.cli import main
 
-    assert mode_kwargs("ar@25", continuous=True) == dict(decoding="ar", num_steps=25)
-    assert mode_kwargs("cspd+flat", continuous=True) == dict(decoding="cspd", flatten=42.0)
+    assert ContinuousARPipeline.bench_mode("ar@25") == dict(decoding="ar", num_steps=25)
+    assert ContinuousARPipeline.bench_mode("cspd+flat") == dict(decoding="cspd", flatten=42.0)
     with pytest.raises(ValueError, match="unknown benchmark mode 'sjd'"):
-        mode_kwargs("sjd", continuous=True)
+        ContinuousARPipeline.bench_mode("sjd")
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(folder), "--modes", "ar,cspd,cspd+flat,ar@2", "--images", "2",
                  "--batch-sizes", "1", "2", "--gamma", "3", "--json", str(out)]) == 0

@@ -78,4 +78,4 @@ def test_the_command_line_generates_with_mar(folder, tmp_path, capsys):
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--gamma", "3", "-o", str(out)]) == 2
     assert "--gamma is not an option of MAR" in capsys.readouterr().err
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--decoding", "sjd", "-o", str(out)]) == 2
-    assert "is not built for it" in capsys.readouterr().err
+    assert "is not built for MAR" in capsys.readouterr().err

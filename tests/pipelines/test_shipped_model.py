@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from visualspec import VisualSpecPipeline
-from visualspec.tools.cli import default_model
+from visualspec.tools.loading import default_model
 from visualspec.eval.detectors import ShapesDetector
 from visualspec.eval.geneval import evaluate_image, summarize
 from visualspec.assets import ASSETS, SHAPES_LUMINA, SHAPES_T2I as SHAPES_T2I_DIR

@@ -186,7 +186,7 @@ def test_the_command_line_generates_from_a_unified_folder(folder, tmp_path, caps
     assert out.is_file() and '"structural_tokens": 5' in capsys.readouterr().out
     assert main(["generate", PROMPT, "--model", str(folder), "--epsilon-cutoff", "0.01", "-o", str(out)]) == 0
     assert main(["generate", PROMPT, "--model", str(folder), "--gsd-group-size", "2", "-o", str(out)]) == 2
-    assert "--gsd-group-size is not built for unified-vocabulary models" in capsys.readouterr().err
+    assert "--gsd-group-size is not an option of a unified-vocabulary model" in capsys.readouterr().err
     assert main(["generate", PROMPT, "--model", str(folder), "--negative-prompt", "a photo of a blue square",
                  "--guidance-schedule", "lumina2", "--guidance-scale", "7", "-o", str(out)]) == 0
     assert main(["generate", PROMPT, "--model", str(folder), "--guidance-schedule", "cosine", "-o", str(out)]) == 2
@@ -233,4 +233,36 @@ def test_bench_compares_the_unified_modes_side_by_side(folder, tmp_path, capsys)
     assert runs[0]["results"]["sjd"]["forwards_ratio_to_ar"] < 1
     capsys.readouterr()
     assert main(["bench", "--model", str(folder), "--modes", "ar,gsd"]) == 2
-    assert "bench mode 'gsd' is not built for unified-vocabulary models" in capsys.readouterr().err
+    assert "unknown benchmark mode 'gsd': it is not built for a unified-vocabulary model" in capsys.readouterr().err
+
+
+def test_a_unified_folder_sharded_and_resumed_writes_the_files_of_one_run(folder, tmp_path, capsys):
+    """The batch promise covers unified folders: with window="auto" the first run records the
+    measured window costs, and two shards, one of them interrupted and resumed, write the same
+    bytes as one process."""
+    import json
+    import os
+
+    from visualspec.tools.cli import main
+
+    lines = tmp_path / "prompts.txt"
+    lines.write_text(f"{PROMPT}\na photo of a blue square\na photo of two circles\n")
+    common = ["batch", "--model", str(folder), "--prompts", str(lines), "--images-per-prompt", "2",
+              "--batch-size", "2", "--chunk-size", "2", "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    config = json.loads((tmp_path / "one" / "batch_config.json").read_text())
+    assert config["window_costs"], "window='auto' must record its measured costs for a unified folder too"
+    shards = str(tmp_path / "shards")
+    for rank in ("0", "1"):
+        assert main([*common, "--out", shards, "--rank", rank, "--world-size", "2"]) == 0
+    os.remove(tmp_path / "shards" / "00001" / "samples" / "0001.png")  # an interrupted shard
+    capsys.readouterr()
+    assert main([*common, "--out", shards, "--rank", "0", "--world-size", "2"]) == 0
+    assert main([*common, "--out", shards, "--rank", "1", "--world-size", "2"]) == 0
+    assert '"generated": 1' in capsys.readouterr().out
+
+    def files(root):
+        return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+                and not p.name.startswith("batch_stats")}
+
+    assert files(tmp_path / "one") == files(tmp_path / "shards")

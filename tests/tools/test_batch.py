@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 from visualspec.tools.batch import chunks, distributed_context, generate_batch, image_generator, image_seed, read_prompts
-from visualspec.tools.cli import load_pipeline, main
+from visualspec.tools.cli import main
+from visualspec.tools.loading import load_pipeline
 
 GENEVAL = [
     {"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a photo of a cat"},
@@ -24,8 +25,7 @@ GENEVAL = [
 ]
 PROMPTS = [m["prompt"] for m in GENEVAL]
 # what the command line passes to the pipeline by default (so in-process runs match CLI runs exactly)
-CLI_KWARGS = dict(guidance_scale=None, temperature=1.0, top_k=None, top_p=1.0, epsilon_cutoff=None, window=16,
-                  jacobi_init=None)
+CLI_KWARGS = dict(window=16)  # what `visualspec batch --window 16` passes: the options given, no others
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tiny(home):
     """The tiny random model, built into the temporary home (batching is plumbing; a trained model
     would only make it slower)."""
-    from visualspec.tools.cli import tiny_random_folder
+    from visualspec.tools.loading import tiny_random_folder
 
     return tiny_random_folder()
 

@@ -34,7 +34,7 @@ def test_generate_is_repeatable_and_reports_bad_input(home, capsys):
     assert main(["generate", "a photo of a blue square", "--window", "0", "-o", str(a)]) == 2
     assert "window" in capsys.readouterr().err
     assert main(["generate", "a photo of a blue square", "--negative-prompt", "a red circle", "-o", str(a)]) == 2
-    assert "--negative-prompt is for unified-vocabulary models" in capsys.readouterr().err
+    assert "--negative-prompt is not an option of LlamaGen" in capsys.readouterr().err
 
 
 def test_bench_runs_every_mode_side_by_side(home):
@@ -51,7 +51,7 @@ def test_bench_runs_every_mode_side_by_side(home):
 def test_device_defaults_to_cuda_only_where_there_is_one(monkeypatch):
     import torch
 
-    from visualspec.tools.cli import _device
+    from visualspec.tools.loading import device_name as _device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _device(None) == "cpu" and _device("cuda:1") == "cuda:1"
@@ -61,11 +61,9 @@ def test_device_defaults_to_cuda_only_where_there_is_one(monkeypatch):
 
 
 def test_choice_lists_match_the_pipeline():
-    from visualspec.tools.cli import JACOBI_INITS, MODES
+    from visualspec.tools.commands.options import JACOBI_INITS
     from visualspec.drafters import INIT_SCHEMES
-    from visualspec.pipelines.llamagen import DECODING_MODES
 
-    assert MODES == DECODING_MODES
     assert JACOBI_INITS == INIT_SCHEMES
 
 
@@ -77,7 +75,7 @@ def test_console_script_is_installed():
 
 def test_bench_quality_scores_the_timed_images(home, tmp_path):
     """The plumbing, on the tiny random model (the shipped model's quality has its own tests)."""
-    from visualspec.tools.cli import tiny_random_folder
+    from visualspec.tools.loading import tiny_random_folder
 
     report = tmp_path / "q.json"
     assert main(["bench", "--quality", "--per-task", "1", "--json", str(report), "--lantern-k", "8",
@@ -158,13 +156,13 @@ def test_speculative_decoding_takes_a_draft_model_folder(home, tmp_path, capsys)
     ("right,up", None, ["right", "up"]),
 ])
 def test_video_actions_share_the_frames_as_the_readme_says(text, frames, expected):
-    from visualspec.tools.cli import action_script
+    from visualspec.tools.commands.video import action_script
 
     assert action_script(text, frames) == expected
 
 
 def test_video_action_scripts_that_cannot_fill_the_frames_are_named():
-    from visualspec.tools.cli import action_script
+    from visualspec.tools.commands.video import action_script
 
     with pytest.raises(ValueError, match="leaves 0 frames for 1 keys"):
         action_script("right:60,up", 60)

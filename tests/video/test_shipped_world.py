@@ -29,7 +29,7 @@ def test_the_shipped_world_stays_under_20_mb():
 
 
 def test_it_is_the_video_default():
-    from visualspec.tools.cli import world_model
+    from visualspec.tools.loading import world_model
 
     assert type(world_model(None)).__name__ == "NextFramePipeline"
 

@@ -223,12 +223,13 @@ def _check_metadata(out_dir, index: int, meta: dict) -> None:
 
 
 def _window_costs(pipe, decoding: str, metas: list, batch_size: int, pipe_kwargs: dict) -> dict | None:
-    """The window costs ``window="auto"`` decodes with, measured once (None when not needed)."""
-    if decoding == "ar" or pipe_kwargs.get("window", "auto") != "auto" or not hasattr(pipe, "window_tables"):
+    """The window costs ``window="auto"`` decodes with, measured once (None when not needed: AR, a
+    fixed window, or a pipeline without token windows)."""
+    if decoding == "ar" or pipe_kwargs.get("window", "auto") != "auto":
         return None
     kw = {k: pipe_kwargs[k] for k in ("guidance_scale",) if k in pipe_kwargs}
     tables = pipe.window_tables([metas[0]["prompt"]], batch_size=batch_size, **kw)
-    return {str(rows): {str(w): c for w, c in sorted(t.items())} for rows, t in sorted(tables.items())}
+    return {str(rows): {str(w): c for w, c in sorted(t.items())} for rows, t in sorted(tables.items())} or None
 
 
 def _check_config(out_dir, config: dict, window_costs: Callable[[], dict | None] = lambda: None) -> dict:

@@ -29,64 +29,25 @@ DEFAULT_PROMPTS = [
 ]
 
 
-MODES = {
-    "ar": dict(decoding="ar"),
-    "sjd": dict(decoding="sjd", coupling=False),
-    "sjd+coupling": dict(decoding="sjd", coupling=True),
-    "sjd+pd": dict(decoding="sjd", coupling=False, siblings=3, sibling_depth=2),
-    "sjd+coupling+pd": dict(decoding="sjd", coupling=True, siblings=3, sibling_depth=2),
-    "lantern": dict(decoding="lantern"),
-    "gsd": dict(decoding="gsd"),
-    "speculative": dict(decoding="speculative"),
-}
-
-
-CONTINUOUS_MODES = {  # continuous-token models
-    "ar": dict(decoding="ar"),
-    "cspd": dict(decoding="cspd"),
-    "cspd+flat": dict(decoding="cspd", flatten=42.0),  # the released CSpD code's flattened ratio (lossy)
-}
-
-
-def mode_kwargs(mode: str, continuous: bool = False) -> dict:
-    """Pipeline arguments of a benchmark mode. Token models: a decoding, optionally ``+coupling``
-    and ``+pd`` (proactive drafting: 3 candidates at the first 2 draft positions).
-    Continuous-token models: ``ar``, ``cspd`` or ``cspd+flat``, each optionally ``@N`` for N
-    diffusion-head steps per token (``ar@25``: the fewer-steps baseline)."""
-    if continuous:
-        name, _, steps = mode.partition("@")
-        if name in CONTINUOUS_MODES and (not steps or steps.isdigit()):
-            return {**CONTINUOUS_MODES[name], **({"num_steps": int(steps)} if steps else {})}
-        raise ValueError(f"unknown benchmark mode {mode!r} for a continuous-token model; choose from "
-                         f"{sorted(CONTINUOUS_MODES)}, each optionally @STEPS")
-    if mode in MODES:
-        return dict(MODES[mode])
-    decoding, *extras = mode.split("+")
-    if decoding in MODES and extras and set(extras) <= {"coupling", "pd"} and len(set(extras)) == len(extras):
-        pd = MODES["sjd+pd"] if "pd" in extras else {}
-        return {**MODES[decoding], **({"coupling": True} if "coupling" in extras else {}),
-                **{k: v for k, v in pd.items() if k.startswith("sibling")}}
-    raise ValueError(f"unknown benchmark mode {mode!r}; choose from {sorted(MODES)} (or DECODING+coupling, "
-                     f"DECODING+pd)")
-
-
-def run_benchmark(pipe, prompts=None, modes=("ar", "sjd", "lantern"), images: int = 4, seed: int = 0,
+def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0,
                   batch_size: int = 1, scorer: Callable[[Path], dict] | None = None, keep_images: str | None = None,
                   progress: bool = False, **kwargs) -> dict:
     """Generate ``images`` images per mode, ``batch_size`` at a time, and summarise cost (and
     quality) per image. As in the batch command, a call holds ``4 * batch_size`` images and a
     finished image's place goes to the next (continuous batching).
 
+    ``modes`` are names of the pipeline's bench modes (:meth:`ImagePipeline.bench_mode`; default:
+    its ``default_bench_modes``), AR first; ``kwargs`` are call arguments every mode shares.
     ``prompts`` are strings or GenEval metadata dicts (``{"prompt": ..., "tag": ..., ...}``); image i
     uses prompt ``i % len(prompts)`` and its own generator seeded ``seed + i`` in every mode. Modes
     are interleaved call by call after one warm-up call each (which also measures the window costs
     once). With ``scorer``, each mode's images are written in GenEval's layout and
     ``scorer(folder)`` is reported under ``quality``.
     """
+    modes = list(modes or type(pipe).default_bench_modes)
     if "ar" not in modes:
-        modes = ("ar", *modes)
-    continuous = hasattr(pipe.transformer, "diffloss")
-    settings = {m: {**mode_kwargs(m, continuous), **kwargs} for m in modes}
+        modes = ["ar", *modes]
+    settings = {m: {**kwargs, **type(pipe).bench_mode(m)} for m in modes}
     text = getattr(pipe, "is_text_conditional", True)
     if prompts is None:
         prompts = DEFAULT_PROMPTS if text else list(range(4))

@@ -1,0 +1,63 @@
+"""``visualspec bench``: a pipeline's decodings side by side in one run (ratios to AR)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..loading import device_name, load_pipeline
+from .options import add_image_options, call_options, flag
+
+
+def register(sub, common) -> None:
+    b = sub.add_parser("bench", parents=[common], help="AR vs SJD vs LANTERN, side by side in one run")
+    b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
+    b.add_argument("--modes", default=None,
+                   help="comma-separated, the pipeline's bench modes (default: its own list); token models: ar, sjd, "
+                        "sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, gsd, speculative; continuous-token models: "
+                        "ar, cspd, cspd+flat, each optionally @STEPS for that many diffusion-head steps")
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1],
+                   help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
+    b.add_argument("--images", type=int, default=4, help="images per mode")
+    b.add_argument("--json", help="also write the results to this JSON file")
+    b.add_argument("--quality", action="store_true",
+                   help="shapes world: benchmark on GenEval-shapes prompts and score GenEval-shapes and FID-shapes")
+    b.add_argument("--per-task", type=int, default=20, help="with --quality: prompts per GenEval task")
+    b.add_argument("--keep-images", metavar="DIR", help="keep the generated images here (one folder per mode)")
+    b.add_argument("--device", default=None, help="default: cuda when CUDA is available, else cpu")
+    add_image_options(b, decoding=False)
+    b.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..bench import run_benchmark
+
+    pipe = load_pipeline(args.model, args.draft_model)
+    cls = type(pipe)
+    names = [m for m in (args.modes.split(",") if args.modes else cls.default_bench_modes) if m]
+    modes = {m: cls.bench_mode(m) for m in (names or ["ar"])}
+    kwargs = call_options(pipe, args)
+    by_mode = sorted({k for settings in modes.values() for k in settings} & set(kwargs))
+    if by_mode:
+        raise ValueError(f"bench sets {', '.join(map(flag, by_mode))} in its modes ({', '.join(modes)}); "
+                         f"choose modes with --modes instead")
+    pipe.to(device_name(args.device))
+    prompts, scorer = args.prompt or None, None
+    if args.quality:
+        from ...eval.shapes_quality import score_shapes_folder
+        from ...worlds.shapes import evaluation_prompts
+
+        prompts = evaluation_prompts(per_task=args.per_task, seed=args.seed)
+        args.images = len(prompts)
+        scorer = score_shapes_folder
+    results = []
+    for batch_size in args.batch_sizes:
+        keep = None if args.keep_images is None else str(Path(args.keep_images) / f"batch{batch_size}")
+        result = run_benchmark(pipe, prompts=prompts, modes=list(modes), images=args.images, seed=args.seed,
+                               batch_size=batch_size, scorer=scorer, keep_images=keep, progress=True, **kwargs)
+        results.append(result)
+        print(f"batch {batch_size}, {result['images_per_mode']} images per mode, {result['machine']}")
+        print(result["table"], flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
+    return 0

@@ -1,0 +1,142 @@
+"""What several commands share: the image options (each named after the pipeline argument it sets),
+turning them into a call's arguments for whatever pipeline a folder holds, and writing images.
+
+A pipeline's options are its ``__call__`` arguments (:meth:`ImagePipeline.call_options`): an option
+the pipeline does not take is refused by one message naming the pipeline and what it does take.
+Parsing imports neither torch nor any pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+# must match visualspec.drafters.INIT_SCHEMES (tests/tools/test_cli.py checks), so parsing needs no torch
+JACOBI_INITS = ("random", "repeat_left", "repeat_above")
+
+
+def flag(name: str) -> str:
+    """A call argument's option: ``top_k`` -> ``--top-k``."""
+    return "--" + name.replace("_", "-")
+
+
+def window_arg(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)  # the pipeline names a value below 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window must be an integer >= 1 or 'auto', got {text!r}") from None
+
+
+def on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
+def threads_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--threads must be an integer >= 1, got {text!r}")
+    return value
+
+
+# (call argument, type, help); each option's default is None: "the pipeline's own"
+IMAGE_OPTIONS = (
+    ("guidance_scale", float, "classifier-free guidance (default: the model's own)"),
+    ("negative_prompt", str, "unified-vocabulary models: the text guidance steers away from (default: the family's "
+                             "own unconditional context)"),
+    ("guidance_schedule", str, "unified-vocabulary models: constant, or Lumina-mGPT 2.0's (falls to 4 over the first "
+                               "tokens; default: the model's own)"),
+    ("temperature", float, "sampling temperature (default 1; 0 = greedy)"),
+    ("top_k", int, "default: the model's own (0 = off)"),
+    ("top_p", float, "default 1 (off)"),
+    ("epsilon_cutoff", float, "drop tokens below this conditional probability before guidance (default: the model's "
+                              "own)"),
+    ("window", window_arg, "tokens per target forward in speculative modes, or 'auto' (default): chosen each step "
+                           "from the measured cost of a window at this batch size on this machine"),
+    ("coupling", on_off, "on or off: coupled Jacobi drafts (lossless; default: the model's own)"),
+    ("gsd_group_size", int, "GSD group half-width (default: the model's own)"),
+    ("siblings", int, "proactive drafting: candidates at each of the first --sibling-depth draft positions, scored "
+                      "as a tree (lossless; sjd and speculative; 1 = off; default: the model's own)"),
+    ("sibling_depth", int, "draft positions with siblings (default: the model's own)"),
+    ("jacobi_init", str, f"how SJD/LANTERN fill fresh window positions: {', '.join(JACOBI_INITS)} (default: the "
+                         f"model's own)"),
+    ("lantern_k", int, "LANTERN's neighbourhood (default: the model's own)"),
+    ("lantern_delta", float, "LANTERN's budget (default: the model's own)"),
+    ("gamma", int, "continuous tokens: drafts per step (default: the folder's)"),
+    ("prefill", float, "continuous tokens: share of tokens the target draws alone first (default: the folder's)"),
+    ("num_steps", int, "continuous tokens: the diffusion head's sampling steps per token (default: the model's)"),
+    ("num_iter", int, "MAR: its AR steps (default: the folder's)"),
+    ("cfg_schedule", str, "MAR: linear or constant, how guidance grows over the steps (default: the folder's)"),
+)
+# options a command offers beside these: the decoding, and the batch that bench and batch set
+DECODING = "decoding"
+
+
+def add_image_options(p, decoding: bool = True) -> None:
+    """The options every image command shares: model, draft model, seed, and the call options."""
+    p.add_argument("--model", help="pipeline folder or shipped model name (default: the shipped model)")
+    p.add_argument("--draft-model", metavar="FOLDER",
+                   help="for --decoding speculative: a smaller model of the same vocabulary (LlamaGen: its pipeline "
+                        "folder, or its GPT folder)")
+    if decoding:
+        p.add_argument("--decoding", default=None,
+                       help="the pipeline's decodings (LlamaGen: sjd, ar, lantern, gsd, speculative; unified: sjd, "
+                            "ar, lantern; continuous tokens: ar, cspd; MAR: ar); default: the model's own")
+    for name, kind, text in IMAGE_OPTIONS:
+        p.add_argument(flag(name), dest=name, type=kind, default=None, help=text,
+                       metavar="{on,off}" if kind is on_off else None)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def call_options(pipe, args, names=None) -> dict:
+    """The call arguments given on the command line for ``pipe`` (every image option that is not
+    None), after one generic refusal of those its ``__call__`` does not take; ``names`` restricts
+    the options read (default: every image option, and ``--decoding``)."""
+    names = names or (DECODING, *(name for name, _, _ in IMAGE_OPTIONS))
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    type(pipe).refuse_options(given, spell=flag, offered=names)
+    if DECODING in given:
+        pipe.check_decoding(given[DECODING])
+    return given
+
+
+def condition(pipe, args):
+    """The prompt or the class label of ``generate``, as the pipeline is conditioned."""
+    if args.class_label is not None:
+        if args.prompt:
+            raise SystemExit("error: give a prompt or --class-label, not both")
+        return args.class_label
+    if not args.prompt:
+        raise SystemExit("error: give a prompt (text model) or --class-label N (class model)")
+    return args.prompt
+
+
+def check_image_path(path: str) -> str:
+    """An output path whose extension Pillow can write, else a clear error (before any work)."""
+    from PIL import Image
+
+    ext = Path(path).suffix.lower()
+    known = Image.registered_extensions()
+    if ext not in known or known[ext] not in Image.SAVE:
+        usable = ", ".join(e for e in (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif") if e in known)
+        raise SystemExit(f"error: cannot write an image to {path!r}: unknown extension {ext or '(none)'!r}; "
+                         f"use one of {usable}")
+    return path
+
+
+def atomic_save(image, path: str) -> None:
+    """Write ``image`` to ``path`` under a hidden temporary name, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    from PIL import Image
+
+    image.save(tmp, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
+    os.replace(tmp, path)

@@ -1,0 +1,95 @@
+"""``visualspec train-*``: the recipes of the shipped models (each resumes from its work folder)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..loading import cache_dir
+
+
+def register(sub, common) -> None:
+    t = sub.add_parser("train-shapes", parents=[common],
+                       help="train the shapes-world model (and the FID-shapes features)")
+    t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
+    t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
+    t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
+    # defaults (None) come from ShapesTrainingConfig, the shipped recipe
+    t.add_argument("--seed", type=int, help="the model's seed (the shipped run's: 0); the FID-shapes network's is fixed")
+    t.add_argument("--caption-order", choices=["raster", "random"],
+                   help="name two objects in the order they are drawn (the shipped model's recipe) or in either order")
+    t.add_argument("--caption-positions", action=argparse.BooleanOptionalAction,
+                   help="give the GPT's caption prefix a learned embedding per slot (the shipped recipe)")
+    t.add_argument("--text-steps", type=int,
+                   help="first train the text encoder this many steps to predict each word's neighbours, so its "
+                        "features carry word order, then freeze it (the shipped recipe: 500; 0: no text stage, "
+                        "the encoder trains with the GPT)")
+    t.set_defaults(func=train_shapes)
+
+    for name, func, what, out in (
+            ("train-continuous", train_continuous, "a continuous-token target and draft on the shapes world (CSpD)",
+             "pipeline folder to write (target, draft, KL autoencoder, text encoder)"),
+            ("train-unified", train_unified, "a Lumina-layout model (transformers' Chameleon) on the shapes world",
+             "pipeline folder to write")):
+        tr = sub.add_parser(name, parents=[common], help=f"train {what}")
+        tr.add_argument("--out", required=True, help=out)
+        tr.add_argument("--work-dir", default=str(cache_dir() / name), help="checkpoints; rerun to resume")
+        tr.add_argument("--seed", type=int, help="default: the recipe's (0)")
+        tr.set_defaults(func=func)
+
+    for name, func, what, out in (
+            ("train-arena", train_arena, "train the arena-world video model",
+             "pipeline folder to write (e.g. assets/arena-nfd)"),
+            ("train-text", train_text, "train a target and draft LM pair on the Python standard library",
+             "folder to write (tokenizer/, target/, draft/)")):
+        tr = sub.add_parser(name, parents=[common], help=what)
+        tr.add_argument("--out", required=True, help=out)
+        tr.add_argument("--work-dir", default=str(cache_dir() / name), help="checkpoints; rerun to resume")
+        tr.set_defaults(func=func)
+
+
+def train_shapes(args) -> int:
+    from ...training.shapes import ShapesTrainingConfig, train_feature_net, train_shapes as train
+
+    if args.features_out:
+        train_feature_net(args.features_out)
+        print(args.features_out)
+    if args.out:
+        options = {k: getattr(args, k) for k in ("seed", "caption_order", "caption_positions", "text_steps")}
+        cfg = ShapesTrainingConfig(**{k: v for k, v in options.items() if v is not None})
+        train(args.out, args.work_dir, cfg)
+        print(args.out)
+    return 0
+
+
+def train_continuous(args) -> int:
+    from ...training.continuous import ContinuousShapesConfig, train_continuous_shapes
+
+    cfg = ContinuousShapesConfig(**({} if args.seed is None else {"seed": args.seed}))
+    train_continuous_shapes(args.out, args.work_dir, cfg)
+    print(args.out)
+    return 0
+
+
+def train_unified(args) -> int:
+    from ...training.unified import UnifiedShapesConfig, train_unified_shapes
+
+    cfg = UnifiedShapesConfig(**({} if args.seed is None else {"seed": args.seed}))
+    train_unified_shapes(args.out, args.work_dir, cfg)
+    print(args.out)
+    return 0
+
+
+def train_arena(args) -> int:
+    from ...training.arena import train_arena as train
+
+    train(args.out, args.work_dir)
+    print(args.out)
+    return 0
+
+
+def train_text(args) -> int:
+    from ...training.text import train_text_pair
+
+    train_text_pair(args.out, args.work_dir)
+    print(args.out)
+    return 0

@@ -1,0 +1,100 @@
+"""``visualspec video`` and ``visualspec bench-video``: the arena world model, played and timed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..loading import world_model
+
+
+def register(sub, common) -> None:
+    v = sub.add_parser("video", parents=[common], help="play an action script in the arena world model -> .mp4 / .gif")
+    v.add_argument("--model", help="video pipeline folder (default: the shipped arena model)")
+    v.add_argument("--actions", help="comma-separated keys (none, up, down, left, right), each optionally with a "
+                                     "frame count (right:30); keys without a count share --frames evenly; "
+                                     "default: random keys")
+    v.add_argument("--frames", type=int, default=None, help="frames to generate")
+    v.add_argument("--steps", type=int, default=None)
+    v.add_argument("--speculate", type=int, default=4, help="frames generated ahead while the action persists")
+    v.add_argument("--teacher", action="store_true", help="use the undistilled model")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--stats", action="store_true", help="print the statistics instead of the file name")
+    v.add_argument("-o", "--output", default="play.mp4")
+    v.set_defaults(func=run_video)
+
+    bv = sub.add_parser("bench-video", parents=[common],
+                        help="world model frames per second: teacher, distilled, speculation")
+    bv.add_argument("--model")
+    bv.add_argument("--frames", type=int, default=300)
+    bv.add_argument("--rounds", type=int, default=3)
+    bv.add_argument("--seed", type=int, default=0)
+    bv.add_argument("--quality", action="store_true", help="also one-step PSNR and 60-frame player rollouts")
+    bv.add_argument("--episodes", type=int, default=16)
+    bv.add_argument("--json", help="write the results here")
+    bv.set_defaults(func=run_bench_video)
+
+
+def run_video(args) -> int:
+    from ...pipelines import export_video
+
+    actions = action_script(args.actions, args.frames) if args.actions else None
+    pipe = world_model(args.model)
+    out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
+               speculate=args.speculate, use_teacher=args.teacher)
+    export_video(out.frames, args.output)
+    print(json.dumps(out.stats.to_dict(), indent=1) if args.stats else args.output)
+    return 0
+
+
+def action_script(text: str, frames: int | None) -> list[str]:
+    """``--actions`` -> one action per frame. ``key:n`` holds a key for n frames; keys without a
+    count share the frames left by the counted ones evenly (the earlier keys get one more when they
+    do not divide), or take one frame each when ``frames`` is not given.
+
+    ``right,up`` with 60 frames: 30 right, then 30 up; ``right:10,up`` with 60: 10 right, 50 up.
+    """
+    keys, counts = [], []
+    for i, item in enumerate(text.split(","), 1):
+        key, _, count = item.strip().partition(":")
+        if not key:
+            raise ValueError(f"--actions item {i} is empty (got {text!r})")
+        if count and (not count.isdigit() or int(count) < 1):
+            raise ValueError(f"--actions item {i} ({item!r}): the frame count must be an integer >= 1")
+        keys.append(key)
+        counts.append(int(count) if count else None)
+    free = [i for i, c in enumerate(counts) if c is None]
+    fixed = sum(c for c in counts if c is not None)
+    if frames is not None and free:
+        left = frames - fixed
+        if left < len(free):
+            raise ValueError(f"--frames {frames} leaves {max(left, 0)} frames for {len(free)} keys without a count")
+        for j, i in enumerate(free):
+            counts[i] = left // len(free) + (1 if j < left % len(free) else 0)
+    counts = [1 if c is None else c for c in counts]
+    script = [key for key, c in zip(keys, counts) for _ in range(c)]
+    if frames is not None and len(script) != frames:
+        raise ValueError(f"--actions gives {len(script)} frames but --frames is {frames}")
+    return script
+
+
+def run_bench_video(args) -> int:
+    from ..bench import run_video_benchmark
+
+    pipe = world_model(args.model)
+    result = run_video_benchmark(pipe, frames=args.frames, rounds=args.rounds, seed=args.seed)
+    if args.quality:
+        from ...eval.video import one_step_psnr, rollout_player_error
+
+        result["quality"] = {
+            "one_step": [one_step_psnr(pipe, episodes=args.episodes), one_step_psnr(pipe, args.episodes, use_teacher=True)],
+            "rollout_60": [rollout_player_error(pipe, episodes=args.episodes),
+                           rollout_player_error(pipe, episodes=args.episodes, speculate=4),
+                           rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)],
+        }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(result["table"])
+    if args.quality:
+        print(json.dumps(result["quality"], indent=1))
+    return 0

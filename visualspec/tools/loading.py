@@ -1,0 +1,85 @@
+"""Models by name for the commands and the app: a folder, a shipped model's name, or the default."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VISUALSPEC_HOME", Path.home() / ".cache" / "visualspec"))
+
+
+def default_model() -> tuple[str, str]:
+    """(folder, description) of the default model: the shipped one. A missing shipped model is an
+    error that says so; the tiny random model (tests only) is never substituted for it."""
+    from ..assets import SHAPES_T2I as shipped
+
+    if not (shipped / "model_index.json").is_file():
+        raise SystemExit(f"error: the shipped model is missing from this installation ({shipped} has no "
+                         f"model_index.json); reinstall visualspec, or pass --model FOLDER")
+    return str(shipped), "shipped shapes model"
+
+
+def shipped_or_path(model: str) -> str:
+    """``model`` as given, or the shipped folder of that name (``shapes-lumina``) when no such path
+    exists here."""
+    from ..assets import ASSETS
+
+    if not Path(model).exists() and "/" not in model and (ASSETS / model / "model_index.json").is_file():
+        return str(ASSETS / model)
+    return model
+
+
+def tiny_random_folder() -> str:
+    """The tiny random model's folder in the cache, built offline on first use."""
+    from ..pipelines.tiny import tiny_random_pipeline
+
+    folder = cache_dir() / "tiny-random-llamagen"
+    if not (folder / "model_index.json").is_file():
+        tiny_random_pipeline(seed=0).save_pretrained(folder)
+    return str(folder)
+
+
+def load_pipeline(model: str | None, draft_model: str | None = None):
+    """The image pipeline in ``model`` (default: the shipped one), with the draft model in the
+    folder ``draft_model`` loaded the pipeline's own way (:meth:`ImagePipeline.load_draft_model`)."""
+    from ..pipelines import ImagePipeline, VisualSpecPipeline
+
+    folder, description = (shipped_or_path(model), model) if model else default_model()
+    print(f"model: {description}", file=sys.stderr)
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    if not isinstance(pipe, ImagePipeline):
+        raise SystemExit(f"error: {folder} holds a {type(pipe).__name__}, not an image pipeline"
+                         + (" (a video model: use `visualspec video --model`)" if hasattr(pipe, "interactive") else ""))
+    if draft_model:
+        pipe.load_draft_model(draft_model)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def world_model(folder: str | None):
+    """The video pipeline: ``folder`` or the shipped arena world."""
+    from ..assets import ARENA_NFD
+    from ..pipelines import NextFramePipeline
+
+    if folder is None and not (ARENA_NFD / "model_index.json").is_file():
+        raise SystemExit(f"error: the shipped world model is missing from this installation ({ARENA_NFD} has no "
+                         f"model_index.json); reinstall visualspec, or pass --model FOLDER")
+    folder = Path(folder) if folder else ARENA_NFD
+    if not (folder / "model_index.json").is_file():
+        raise SystemExit(f"error: no video pipeline in {folder} "
+                         f"(train one with `visualspec train-arena --out {folder}`)")
+    pipe = NextFramePipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def device_name(device: str | None) -> str:
+    """``--device``, or by default cuda:$LOCAL_RANK when CUDA is available, else cpu."""
+    if device is not None:
+        return device
+    import torch
+
+    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
