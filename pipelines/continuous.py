@@ -12,12 +12,11 @@ import contextlib
 
 import torch
 
-from visualspec.core.checks import check_int
-from visualspec.core.continuous import decode_continuous
-from visualspec.core.sampling import SamplingConfig, make_generator
-from visualspec.core.stats import merge_decode_stats
-from visualspec.drafters import ContinuousDraftModelDrafter
-
+from ..core.checks import check_int
+from ..core.continuous import decode_continuous
+from ..core.sampling import SamplingConfig, make_generator
+from ..core.stats import merge_decode_stats
+from ..drafters import ContinuousDraftModelDrafter
 from ..models.continuous_ar import ContinuousARTransformer
 from ..models.kl_vae import KLAutoencoder
 from .base import register_pipeline

@@ -29,12 +29,11 @@ import numpy as np
 import torch
 from diffusers.utils import BaseOutput
 
-from visualspec.core.checks import check_int, check_positive_int
-from visualspec.core.sampling import SamplingConfig
-from visualspec.core.stats import DecodeStats
-from visualspec.core.verify import default_rule, gsd_verify, lantern_verify
-from visualspec.drafters import INIT_SCHEMES, DraftModelDrafter, JacobiDrafter
-
+from ..core.checks import check_int, check_positive_int
+from ..core.sampling import SamplingConfig
+from ..core.stats import DecodeStats
+from ..core.verify import default_rule, gsd_verify, lantern_verify
+from ..drafters import INIT_SCHEMES, DraftModelDrafter, JacobiDrafter
 from .base import VisualSpecPipeline
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -201,9 +200,9 @@ def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots
     finish), measured once per model and batch size on this machine and cached on disk; with
     ``siblings`` > 1 also the cost of whole sibling-tree steps
     (:func:`visualspec.core.proactive.tree_step_timer`)."""
-    from visualspec.core.proactive import tree_step_timer
-    from visualspec.core.window import WindowPolicy, prefix_rows
-    from visualspec.core.window_costs import cached_window_costs
+    from ..core.proactive import tree_step_timer
+    from ..core.window import WindowPolicy, prefix_rows
+    from ..core.window_costs import cached_window_costs
 
     tables, trees, rows = {}, {}, slots
     while True:

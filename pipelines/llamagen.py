@@ -6,10 +6,9 @@ from pathlib import Path
 
 import torch
 
-from visualspec.core.checks import check_int
-from visualspec.core.engine import Requests, decode
-from visualspec.core.sampling import SamplingConfig, make_generator
-
+from ..core.checks import check_int
+from ..core.engine import Requests, decode
+from ..core.sampling import SamplingConfig, make_generator
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline

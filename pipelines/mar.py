@@ -1,6 +1,6 @@
 """The MAR pipeline: class labels -> continuous latent tokens (MAR's masked sampler) -> KL-16 decode.
 
-Official weights convert with :func:`convert_mar` (``visualspec convert-mar``). CSpD for MAR's
+Official weights convert with :func:`visualspec.pipelines.convert.convert_mar` (``visualspec convert-mar``). CSpD for MAR's
 masked order is not built yet: ``decoding="ar"`` (MAR's own sampler) is the only mode.
 """
 
@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from visualspec.core.sampling import make_generator
-from visualspec.core.stats import DecodeStats
-
+from ..core.sampling import make_generator
+from ..core.stats import DecodeStats
 from ..models.kl_vae import KLAutoencoder
 from ..models.mar import MAR
 from .base import register_pipeline
 from .image import ImagePipeline, class_label_list
-
-# MAR's README evaluation guidance per size; its demos use 64 steps
-DEFAULT_GUIDANCE = {"mar_base": 2.9, "mar_large": 3.0, "mar_huge": 3.2}
 
 
 @register_pipeline
@@ -77,15 +73,3 @@ class MARPipeline(ImagePipeline):
         return self.output(tokens, stats, output_type, return_dict,
                            lambda t: self.vae.decode(self.transformer.unpatchify(t)))
 
-
-def convert_mar(checkpoint: str, vae_checkpoint: str, output_dir: str | None = None, *, name: str = "mar_base",
-                key: str = "model_ema", mar_config: dict | None = None, vae_config: dict | None = None) -> MARPipeline:
-    """Build a :class:`MARPipeline` from MAR's official ``checkpoint-last.pth`` (its EMA weights by
-    default) and ``kl16.ckpt``, and save it to ``output_dir`` if given. ``mar_config`` and
-    ``vae_config`` override the official sizes (for small test models)."""
-    transformer = MAR.from_mar_checkpoint(checkpoint, name, key=key, **(mar_config or {}))
-    vae = KLAutoencoder.from_kl16_checkpoint(vae_checkpoint, **(vae_config or {}))
-    pipe = MARPipeline(transformer=transformer, vae=vae, default_guidance_scale=DEFAULT_GUIDANCE[name])
-    if output_dir is not None:
-        pipe.save_pretrained(output_dir)
-    return pipe

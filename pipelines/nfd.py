@@ -19,10 +19,9 @@ import numpy as np
 import torch
 from diffusers.utils import BaseOutput
 
-from visualspec.core.sampling import make_generator
-from visualspec.video import VideoStats, WorldSession
-from visualspec.worlds import arena
-
+from ..core.sampling import make_generator
+from ..video import VideoStats, WorldSession
+from ..worlds import arena
 from ..models.frame_autoencoder import FrameAutoencoder
 from ..models.nfd import NextFrameDiT
 from .base import VisualSpecPipeline, register_pipeline

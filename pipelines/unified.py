@@ -17,9 +17,8 @@ import warnings
 
 import torch
 
-from visualspec.core.engine import Requests, decode
-from visualspec.core.sampling import SamplingConfig, make_generator
-
+from ..core.engine import Requests, decode
+from ..core.sampling import SamplingConfig, make_generator
 from ..models.llamagen_vq import nearest_codes
 from ..models.unified_ar import GUIDANCE_SCHEDULES, lumina2_guidance, unified_family
 from .base import register_pipeline

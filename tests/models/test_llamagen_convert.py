@@ -16,7 +16,7 @@ import torch
 from visualspec import VisualSpecPipeline
 from visualspec.models.llamagen import GPT_CONFIGS, LlamaGenGPT
 from visualspec.models.llamagen_vq import LlamaGenVQModel
-from visualspec.pipelines.convert_llamagen import convert_llamagen
+from visualspec.pipelines.convert import convert_llamagen
 from conftest import FIXTURES
 
 FIXTURE = json.loads((FIXTURES / "llamagen_keys.json").read_text())

@@ -10,7 +10,7 @@ import yaml
 
 from visualspec.models.chameleon_vqgan import ChameleonVQGAN
 from visualspec.models.movqgan import MoVQGAN
-from visualspec.pipelines.convert_lumina import LUMINA_TEMPLATE, lumina_crop_sizes, lumina_pipeline
+from visualspec.pipelines.convert import LUMINA_TEMPLATE, lumina_crop_sizes, lumina_pipeline
 from visualspec.pipelines.tiny import _WORDS, word_tokenizer
 
 PROMPT = "a photo of a red circle"

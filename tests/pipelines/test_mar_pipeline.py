@@ -8,7 +8,7 @@ import torch
 from visualspec.models.kl_vae import KLAutoencoder, to_official
 from visualspec.models.mar import MAR
 from visualspec.pipelines import MARPipeline, VisualSpecPipeline
-from visualspec.pipelines.mar import convert_mar
+from visualspec.pipelines.convert import convert_mar
 from visualspec.tools.cli import main
 
 MAR_CONFIG = dict(img_size=64, encoder_embed_dim=32, encoder_depth=1, encoder_num_heads=2, decoder_embed_dim=32,

@@ -52,6 +52,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from ..core.stats import merge_decode_stats
+
 CONFIG_NAME = "batch_config.json"
 _MASK64 = (1 << 64) - 1
 _RESERVED_KWARGS = ("prompt", "class_labels", "generator", "seed", "num_images_per_prompt", "output_type",
@@ -342,9 +344,8 @@ def generate_batch(
             images = out.images if hasattr(out, "images") else out[0]
             if len(images) != len(chunk):
                 raise RuntimeError(f"the pipeline returned {len(images)} images for a chunk of {len(chunk)}")
-            stats = getattr(out, "stats", None)
-            if stats is not None and hasattr(stats, "to_dict"):
-                all_stats.append(stats.to_dict())
+            if getattr(out, "stats", None) is not None:
+                all_stats.append(out.stats)
             for (i, k), image in zip(chunk, images):
                 path = sample_path(out_dir, i, k)
                 if not _exists(path):  # written by an earlier run: the same bytes, leave it alone
@@ -358,31 +359,10 @@ def generate_batch(
                "calls": len(todo), "seconds": round(time.perf_counter() - t0, 3), "rank": rank,
                "world_size": world_size}
     _write_json(out_dir / f"batch_stats_rank{rank}.json",
-                {**summary, "decoding": decoding, "decode": merge_stats(all_stats)}, indent=2)
+                {**summary, "decoding": decoding,
+                 "decode": {"calls": len(all_stats), **(merge_decode_stats(all_stats).to_dict() if all_stats else {})}},
+                indent=2)
     return summary
-
-
-def merge_stats(stats: list[dict]) -> dict:
-    """Combine the ``DecodeStats.to_dict()`` of several calls into means over calls and steps."""
-    if not stats:
-        return {"calls": 0}
-    forwards = sum(s.get("target_forwards", 0) for s in stats)
-    tokens = sum(s.get("num_tokens", 0) for s in stats)
-    steps = sum(s.get("steps", 0) for s in stats)
-    hist: dict[int, int] = {}
-    for s in stats:
-        for length, count in s.get("accepted_histogram", {}).items():
-            hist[int(length)] = hist.get(int(length), 0) + count
-    return {
-        "calls": len(stats),
-        "images": sum(s.get("batch_size", 0) for s in stats),
-        "mean_target_forwards": round(forwards / len(stats), 3),
-        "mean_draft_forwards": round(sum(s.get("draft_forwards", 0) for s in stats) / len(stats), 3),
-        "tokens_per_forward": round(tokens / max(forwards, 1), 4),
-        "mean_accepted": round(sum(s.get("mean_accepted", 1.0) * s.get("steps", 0) for s in stats) / max(steps, 1), 4),
-        "accepted_histogram": dict(sorted(hist.items())),
-        "decode_seconds": round(sum(s.get("wall_time_s", 0.0) for s in stats), 3),
-    }
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def register(sub, common) -> None:
 
 
 def convert_llamagen(args) -> int:
-    from ...pipelines.convert_llamagen import convert_llamagen as convert
+    from ...pipelines.convert import convert_llamagen as convert
 
     convert(args.gpt, args.vq, args.out, gpt_model=args.gpt_model, vq_model=args.vq_model,
             image_size=args.image_size, text_encoder=args.text_encoder, key=args.key)
@@ -45,7 +45,7 @@ def convert_llamagen(args) -> int:
 
 
 def convert_lumina(args) -> int:
-    from ...pipelines.convert_lumina import convert_lumina as convert
+    from ...pipelines.convert import convert_lumina as convert
 
     convert(args.model, args.out, vqgan=args.vqgan, vqgan_config=args.vqgan_config, movqgan=args.movqgan,
             size=args.size, tokenizer_dir=args.tokenizer)
@@ -54,7 +54,7 @@ def convert_lumina(args) -> int:
 
 
 def convert_mar(args) -> int:
-    from ...pipelines.mar import convert_mar as convert
+    from ...pipelines.convert import convert_mar as convert
 
     convert(args.checkpoint, args.vae, args.out, name=args.name, key=args.key)
     print(args.out)

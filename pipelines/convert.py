@@ -1,7 +1,17 @@
-"""Build a visualspec pipeline from Lumina-mGPT's published files, all local.
+"""Official checkpoints -> local visualspec pipeline folders, all from local files
+(``torch.load(weights_only=True)``), written as safetensors.
 
+    visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L-256
+    visualspec convert-llamagen --gpt t2i_XL_stage1_256.pt --gpt-model GPT-XL --vq vq_ds16_t2i.pt \\
+        --text-encoder path/to/flan-t5-xl --out llamagen-t2i-XL-256
     visualspec convert-lumina Lumina-mGPT-7B-768 --vqgan vqgan.ckpt --vqgan-config vqgan.yaml --out lumina-768
     visualspec convert-lumina Lumina-mGPT-2.0 --movqgan movqgan_270M.ckpt --out lumina2
+    visualspec convert-mar --checkpoint checkpoint-last.pth --vae kl16.ckpt --name mar_base --out mar-base
+
+**LlamaGen** (:func:`convert_llamagen`): the GPT and VQ checkpoints of any official size, and for
+text models a local flan-t5-xl folder.
+
+**Lumina-mGPT** (:func:`convert_lumina`):
 
 - **Lumina-mGPT 1** (7B / 34B at 512, 768 or 1024): a transformers Chameleon folder, and Meta's
   Chameleon VQGAN (``vqgan.ckpt`` and ``vqgan.yaml``, 16 pixels per code). Codes are the
@@ -16,6 +26,8 @@ guidance schedule (``default_guidance_schedule="lumina2"``, which at the recomme
 constant). The model is loaded with transformers' own Chameleon classes (no remote code); the
 pipeline reads the LM head's raw logits, so the image tokens that transformers masks out are
 generated.
+
+**MAR** (:func:`convert_mar`): ``checkpoint-last.pth`` (its EMA weights by default) and ``kl16.ckpt``.
 """
 
 from __future__ import annotations
@@ -23,7 +35,46 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..models.kl_vae import KLAutoencoder
+from ..models.llamagen import LlamaGenGPT
+from ..models.llamagen_vq import LlamaGenVQModel
+from ..models.mar import MAR
+from .llamagen import LlamaGenPipeline
+from .mar import MARPipeline
 from .unified import UnifiedARPipeline
+
+# the guidance scales of LlamaGen's demos
+LLAMAGEN_GUIDANCE = {"c2i": 4.0, "t2i": 7.5}
+
+
+def convert_llamagen(gpt_checkpoint: str, vq_checkpoint: str, output_dir: str | None = None, *,
+                     gpt_model: str = "GPT-XL", vq_model: str = "VQ-16", image_size: int = 256,
+                     text_encoder: str | None = None, key: str | None = None) -> LlamaGenPipeline:
+    """Build a :class:`LlamaGenPipeline` from official files and save it to ``output_dir`` if given.
+
+    ``text_encoder`` is a local transformers folder (flan-t5-xl for the official t2i models); its
+    encoder and tokenizer become the pipeline's ``text_encoder`` and ``tokenizer``.
+    """
+    vq = LlamaGenVQModel.from_llamagen_checkpoint(vq_checkpoint, vq_model)
+    if image_size % vq.downsample_factor:
+        raise ValueError(f"image_size {image_size} is not a multiple of the tokenizer's downsampling "
+                         f"{vq.downsample_factor}")
+    grid = image_size // vq.downsample_factor
+    gpt = LlamaGenGPT.from_llamagen_checkpoint(gpt_checkpoint, gpt_model, block_size=grid * grid, key=key)
+    if gpt.config.vocab_size != vq.config.codebook_size:
+        raise ValueError(f"GPT vocabulary {gpt.config.vocab_size} differs from the VQ codebook {vq.config.codebook_size}")
+    encoder = tokenizer = None
+    if gpt.config.model_type == "t2i" and text_encoder is not None:
+        from transformers import AutoTokenizer, T5EncoderModel
+
+        encoder = T5EncoderModel.from_pretrained(text_encoder, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(text_encoder, local_files_only=True)
+    pipe = LlamaGenPipeline(transformer=gpt, vq_model=vq, text_encoder=encoder, tokenizer=tokenizer,
+                            default_guidance_scale=LLAMAGEN_GUIDANCE[gpt.config.model_type])
+    if output_dir is not None:
+        pipe.save_pretrained(output_dir)
+    return pipe
+
 
 LUMINA_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
 LUMINA2_CODE_OFFSET = 155000  # Lumina-mGPT 2.0's token of MoVQGAN code 0
@@ -97,4 +148,21 @@ def convert_lumina(model_dir: str, output_dir: str, **kwargs) -> UnifiedARPipeli
     """:func:`lumina_pipeline`, saved as a pipeline folder (safetensors) in ``output_dir``."""
     pipe = lumina_pipeline(model_dir, **kwargs)
     pipe.save_pretrained(output_dir)
+    return pipe
+
+
+# MAR's README evaluation guidance per size; its demos use 64 steps
+MAR_GUIDANCE = {"mar_base": 2.9, "mar_large": 3.0, "mar_huge": 3.2}
+
+
+def convert_mar(checkpoint: str, vae_checkpoint: str, output_dir: str | None = None, *, name: str = "mar_base",
+                key: str = "model_ema", mar_config: dict | None = None, vae_config: dict | None = None) -> MARPipeline:
+    """Build a :class:`MARPipeline` from MAR's official ``checkpoint-last.pth`` (its EMA weights by
+    default) and ``kl16.ckpt``, and save it to ``output_dir`` if given. ``mar_config`` and
+    ``vae_config`` override the official sizes (for small test models)."""
+    transformer = MAR.from_mar_checkpoint(checkpoint, name, key=key, **(mar_config or {}))
+    vae = KLAutoencoder.from_kl16_checkpoint(vae_checkpoint, **(vae_config or {}))
+    pipe = MARPipeline(transformer=transformer, vae=vae, default_guidance_scale=MAR_GUIDANCE[name])
+    if output_dir is not None:
+        pipe.save_pretrained(output_dir)
     return pipe
