@@ -4,7 +4,7 @@
 
 Loads a pipeline folder (default: the shipped shapes model), builds the real model prefix for B
 prompts with classifier-free guidance as the pipeline does (2B model rows), and times
-``forward_window`` for each W at the middle of the image (:func:`visualspec.core.window.measure_window_costs`,
+``forward_window`` for each W at the middle of the image (:func:`visualspec.core.window_costs.measure_window_costs`,
 the median of ``--repeats`` calls after a warm-up). For each batch size it prints a markdown table
 of milliseconds per forward and the ratio to W = 1, and the window
 :func:`visualspec.core.window.choose_window` would pick at a few constant acceptance rates alpha

@@ -5,7 +5,7 @@ in raster order, one per position, with the static KV cache of :class:`LlamaGenG
 in through a linear map instead of an embedding table (or, with ``input_codes`` K > 0, through a
 soft code lookup, :class:`SoftCodeInput`), and the transformer's normalised output z at each
 position conditions the diffusion head (:class:`DiffusionHead`), which draws the next token. This is the form in which CSpD runs as true left-to-right speculation through the one
-engine (:func:`visualspec.core.engine.decode_continuous`).
+engine (:func:`visualspec.core.continuous.decode_continuous`).
 
 The token-model protocol is LlamaGen's (``prefill``, ``forward_window``, ``crop``, ``refill``,
 ``select``), returning z (…, dim) where LlamaGen returns logits.

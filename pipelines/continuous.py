@@ -3,7 +3,7 @@
 The transformer is a causal continuous-token model
 (:class:`visualspec.models.continuous_ar.ContinuousARTransformer`) that draws each token with MAR's
 diffusion head; ``decoding="cspd"`` drafts ``gamma`` tokens a step with ``draft_model`` and keeps
-them by CSpD's density-ratio rule (:func:`visualspec.core.engine.decode_continuous`).
+them by CSpD's density-ratio rule (:func:`visualspec.core.continuous.decode_continuous`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.checks import check_int
 from ..core.sampling import make_generator
 from ..core.stats import DecodeStats
 from ..models.kl_vae import KLAutoencoder
@@ -37,8 +38,7 @@ class MARPipeline(ImagePipeline):
         self.check_decoding(decoding)
         labels = class_label_list(class_labels, self.transformer.config.class_num, model="MAR")
         seq_len = self.transformer.seq_len
-        if not isinstance(num_iter, int) or not 1 <= num_iter <= seq_len:
-            raise ValueError(f"num_iter must be an integer in [1, {seq_len}], got {num_iter!r}")
+        check_int("num_iter", num_iter, 1, high=seq_len)
         if not guidance_scale >= 1.0:
             raise ValueError(f"guidance_scale must be >= 1 (1 = no guidance), got {guidance_scale}")
         if cfg_schedule not in ("linear", "constant"):

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from diffusers.utils import BaseOutput
 
+from ..core.checks import check_positive_int
 from ..core.sampling import make_generator
 from ..video import VideoStats, WorldSession
 from ..worlds import arena
@@ -100,10 +101,8 @@ class NextFramePipeline(VisualSpecPipeline):
         model, sampler = self._model(use_teacher)
         if steps is None:
             steps = self.config.default_teacher_steps if use_teacher else self.config.default_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-        if not isinstance(speculate, int) or speculate < 1:
-            raise ValueError(f"speculate must be an integer >= 1 (1 = off), got {speculate!r}")
+        check_positive_int("steps", steps)
+        check_positive_int("speculate (1 = off)", speculate)
         rng = np.random.default_rng(seed)
         state = arena.reset(rng)
         opening = [arena.render(state)]
@@ -165,9 +164,7 @@ class NextFramePipeline(VisualSpecPipeline):
             raise ValueError(f"unknown output_type {output_type!r}; choose one of {OUTPUT_TYPES}")
         if num_frames is None and actions is None:
             raise ValueError("pass actions, num_frames, or both")
-        if num_frames is not None and (isinstance(num_frames, bool) or not isinstance(num_frames, int)
-                                       or num_frames < 1):
-            raise ValueError(f"num_frames must be an integer >= 1, got {num_frames!r}")
+        check_positive_int("num_frames", num_frames, optional=True)
 
 def export_video(frames, path, fps: int = arena.FPS, scale: int = 4) -> Path:
     """Write frames (uint8 arrays or PIL images) to ``.mp4`` or ``.gif`` with imageio, upscaled

@@ -144,7 +144,7 @@ class DraftModelDrafter(Drafter):
 
     def propose_tree(self, tokens, n, branches: int, depth: int, generator=None):
         """``branches`` chains of ``depth`` tokens for tree verification
-        (:func:`visualspec.core.engine.decode_tree`): the first tokens are drawn from the draft's q by
+        (:func:`visualspec.core.tree.decode_tree`): the first tokens are drawn from the draft's q by
         ``self.tree_scheme`` ("without_replacement", Gumbel-top-k, or "iid"; the top tokens at
         temperature 0), and each chain continues autoregressively, all chains in one batch (the
         draft model needs ``branch``/``unbranch``, as :class:`visualspec.models.hf.HFCausalLM` has)."""

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from ..core.checks import check_int, check_positive_int
 from ..core.stats import merge_decode_stats
 
 CONFIG_NAME = "batch_config.json"
@@ -299,15 +300,13 @@ def generate_batch(
     check_prompts(pipe, [(f"prompt {n}", meta) for n, meta in enumerate(metas, start=1)])
     for name, value, low in (("images_per_prompt", images_per_prompt, 1), ("world_size", world_size, 1),
                              ("seed", seed, None), ("rank", rank, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low):
-            raise ValueError(f"{name} must be an integer{f' >= {low}' if low is not None else ''}, got {value!r}")
+        check_int(name, value, low)
     if rank >= world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     if chunk_size is None:
         chunk_size = 4 * batch_size if isinstance(batch_size, int) else batch_size
-    for name, value in (("batch_size", batch_size), ("chunk_size", chunk_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("chunk_size", chunk_size)
     reserved = sorted(set(pipe_kwargs) & set(_RESERVED_KWARGS))
     if reserved:
         raise ValueError(f"generate_batch sets {reserved} itself; pass seed= and images_per_prompt= instead")

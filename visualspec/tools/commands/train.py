@@ -25,25 +25,20 @@ def register(sub, common) -> None:
                         "the encoder trains with the GPT)")
     t.set_defaults(func=train_shapes)
 
-    for name, func, what, out in (
-            ("train-continuous", train_continuous, "a continuous-token target and draft on the shapes world (CSpD)",
-             "pipeline folder to write (target, draft, KL autoencoder, text encoder)"),
-            ("train-unified", train_unified, "a Lumina-layout model (transformers' Chameleon) on the shapes world",
-             "pipeline folder to write")):
-        tr = sub.add_parser(name, parents=[common], help=f"train {what}")
-        tr.add_argument("--out", required=True, help=out)
-        tr.add_argument("--work-dir", default=str(cache_dir() / name), help="checkpoints; rerun to resume")
-        tr.add_argument("--seed", type=int, help="default: the recipe's (0)")
-        tr.set_defaults(func=func)
-
-    for name, func, what, out in (
+    for name, func, what, out, seeded in (
+            ("train-continuous", train_continuous, "train a continuous-token target and draft on the shapes world "
+             "(CSpD)", "pipeline folder to write (target, draft, KL autoencoder, text encoder)", True),
+            ("train-unified", train_unified, "train a Lumina-layout model (transformers' Chameleon) on the shapes "
+             "world", "pipeline folder to write", True),
             ("train-arena", train_arena, "train the arena-world video model",
-             "pipeline folder to write (e.g. assets/arena-nfd)"),
+             "pipeline folder to write (e.g. assets/arena-nfd)", False),
             ("train-text", train_text, "train a target and draft LM pair on the Python standard library",
-             "folder to write (tokenizer/, target/, draft/)")):
+             "folder to write (tokenizer/, target/, draft/)", False)):
         tr = sub.add_parser(name, parents=[common], help=what)
         tr.add_argument("--out", required=True, help=out)
         tr.add_argument("--work-dir", default=str(cache_dir() / name), help="checkpoints; rerun to resume")
+        if seeded:
+            tr.add_argument("--seed", type=int, help="default: the recipe's (0)")
         tr.set_defaults(func=func)
 
 
