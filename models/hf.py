@@ -130,6 +130,7 @@ class HFCausalLM:
         self.cache.batch_select_indices(rows)
         for name in _ROW_STATE:
             setattr(self, name, getattr(self, name)[rows])
+        self._pack_columns()
 
     def refill(self, rows: torch.Tensor, prefix) -> torch.Tensor:
         """Start new sequences in rows ``rows`` (continuous batching): run ``prefix`` (r rows) alone,
@@ -155,7 +156,29 @@ class HFCausalLM:
         self.first_position[rows] = new["first_position"]
         self.column_position[rows] = -1
         self.column_valid[rows] = torch.nn.functional.pad(new["column_valid"], (pad, columns - self.prefix_len))
+        self._pack_columns()
         return logits
+
+    def _pack_columns(self) -> None:
+        """Move each row's valid columns after the prefix to the front of that region, in their
+        order, and cut the columns no row needs: the cache of a queue stays as wide as the prefix
+        and its longest live row, however many sequences went through it. Past keys may stand in
+        any order: they carry their rotary positions, and every past column is before every new
+        one."""
+        generated = self.column_valid[:, self.prefix_len:]
+        width = int(generated.sum(1).max()) if generated.numel() else 0
+        if width == generated.shape[1]:
+            return
+        rows = generated.shape[0]
+        order = torch.argsort((~generated).to(torch.int8), dim=1, stable=True)[:, :width] + self.prefix_len
+        columns = torch.cat([torch.arange(self.prefix_len, device=order.device).expand(rows, -1), order], 1)
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                value = getattr(layer, name)
+                index = columns[:, None, :, None].expand(rows, value.shape[1], -1, value.shape[3])
+                setattr(layer, name, value.gather(2, index))
+        self.column_position = self.column_position.gather(1, columns)
+        self.column_valid = self.column_valid.gather(1, columns)
 
     def _pad_left(self, n: int) -> None:
         """Put ``n`` prefix columns that no row attends to before every row's cache."""

@@ -71,10 +71,19 @@ def test_text_rows_of_different_prompt_lengths_decode_alike_alone_and_together()
 def test_a_transformers_model_refills_rows_as_it_decodes_them_alone():
     """Continuous batching on the transformers adapter: a queue of prompts of different lengths,
     two at a time, so that refilled prompts are both shorter and longer than the cache's prefix
-    columns; each row's tokens equal its tokens decoded alone, and with a generator per prompt."""
-    model = HFCausalLM(tiny_hf("llama"))
-    lengths = [3, 6, 2, 7, 4]
-    prompts = [torch.randint(2, 64, (n,), generator=torch.Generator().manual_seed(n)) for n in lengths]
+    columns; each row's tokens equal its tokens decoded alone, with a generator per prompt, and
+    the cache stays as wide as a prompt and its tokens, not the queue."""
+    widths = []
+
+    class Watched(HFCausalLM):  # records the cache's width after each refill
+        def refill(self, rows, prefix):
+            logits = super().refill(rows, prefix)
+            widths.append(self.column_valid.shape[1])
+            return logits
+
+    model = Watched(tiny_hf("llama"))
+    lengths = [3, 6, 2, 7, 4] * 2
+    prompts = [torch.randint(2, 64, (n,), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(lengths)]
 
     def prefix(rows):
         width = max(len(prompts[r]) for r in rows)
@@ -85,10 +94,11 @@ def test_a_transformers_model_refills_rows_as_it_decodes_them_alone():
         return ids, mask
 
     sampling = SamplingConfig(temperature=0.8)
-    queued, stats = decode(model, Requests(5, prefix, slots=2), 12, sampling, drafter=JacobiDrafter(64, "repeat_left"),
-                           window=3, generator=_generators(range(5)))
+    queued, stats = decode(model, Requests(10, prefix, slots=2), 12, sampling, drafter=JacobiDrafter(64, "repeat_left"),
+                           window=3, generator=_generators(range(10)))
     assert stats.slots == 2 and stats.row_forwards.unique().numel() > 1
-    for r in range(5):
+    assert widths and max(widths) <= max(lengths) + 12 + 3, "the cache grows with the queue"
+    for r in range(10):
         alone, _ = decode(model, prefix([r]), 12, sampling, drafter=JacobiDrafter(64, "repeat_left"), window=3,
                           generator=_generators([r]))
         assert torch.equal(alone[0], queued[r]), f"prompt {r} depends on the rows it was batched with"
