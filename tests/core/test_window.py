@@ -222,11 +222,13 @@ def counted(monkeypatch):
     return calls
 
 
-def test_cost_cache_measures_once_then_reads(tmp_path, counted):
+def test_cost_cache_measures_once_then_reads(tmp_path, counted, capsys):
     model = tiny_llamagen(vocab_size=16, block_size=16)
     first = cached_window_costs(model, torch.zeros(4, dtype=torch.long), 16, cache_dir=tmp_path)
+    said = capsys.readouterr().err  # the one-time work says what it measures, that it is once, and where it goes
+    assert "measuring LlamaGenGPT at 4 model rows on this machine, once" in said and str(tmp_path) in said
     again = cached_window_costs(model, torch.zeros(4, dtype=torch.long), 16, cache_dir=tmp_path)
-    assert first == again and len(counted) == 1
+    assert first == again and len(counted) == 1 and capsys.readouterr().err == ""  # read: nothing to say
     assert sorted(first) == [w for w in win.WINDOWS if w <= 16]
     stored = json.loads((tmp_path / "window_costs.json").read_text())
     assert len(stored) == 1 and "rows=4" in next(iter(stored)) and "LlamaGenGPT" in next(iter(stored))

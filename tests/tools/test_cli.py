@@ -210,3 +210,31 @@ def test_bench_text_finds_the_shipped_pair_from_any_folder(tmp_path, monkeypatch
     assert main(["bench-text", "--prompts", "1", "--new-tokens", "8"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["prompts"] == 1 and result["results"]["generate"]["target_forwards"] == 8
+
+
+def test_bench_measures_window_costs_only_before_it_times(home, monkeypatch):
+    """One-time work stays out of the timed calls: with a last call smaller than the others
+    (19 images at batch 4: calls of 16 and 3), every window cost is measured in the warm-up."""
+    import visualspec.core.window_costs as costs
+    from visualspec.pipelines.tiny import tiny_unified_pipeline
+    from visualspec.tools.bench import run_benchmark
+
+    pipe = tiny_unified_pipeline(seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    calls, measured_after = [], []
+
+    class Counting:  # the pipeline, recording each call's output type (the timed calls make images)
+        bench_mode = type(pipe).bench_mode
+
+        def __getattr__(self, name):
+            return getattr(pipe, name)
+
+        def __call__(self, *args, **kwargs):
+            calls.append(kwargs["output_type"])
+            return pipe(*args, **kwargs)
+
+    real = costs.measure_window_costs
+    monkeypatch.setattr(costs, "measure_window_costs",
+                        lambda *a, **k: measured_after.append(len(calls)) or real(*a, **k))
+    run_benchmark(Counting(), prompts=["a photo of a red circle"], modes=["ar", "sjd"], images=19, batch_size=4)
+    assert measured_after and max(measured_after) <= calls.index("pil"), "a window cost was measured in a timed call"

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -31,6 +32,12 @@ from .window import WINDOWS, prefix_rows
 
 CACHE_FILE = "window_costs.json"
 _clock = time.perf_counter  # one name, so tests can swap in a fake clock
+
+
+def announce(line: str) -> None:
+    """One progress line on standard error for one-time work (measuring window costs), so that a
+    first call that takes longer says why."""
+    print(line, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- measuring costs
@@ -197,7 +204,12 @@ def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequen
     stored = _read_tables(path).get(key, {})
     if wanted and all(w in stored for w in wanted):
         return {w: stored[w] for w in wanted}
+    rows = prefix_rows(prefix)
+    what = f"{type(model).__name__} at {rows} model row{'s' if rows > 1 else ''}" + (f", {tag}" if tag else "")
+    announce(f"window costs: measuring {what} on this machine, once (kept in {path})")
+    t0 = _clock()
     measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, forward=forward)
+    announce(f"window costs: {what} measured in {_clock() - t0:.1f} s")
     tables = _read_tables(path)  # again: another process may have written meanwhile
     tables[key] = {**tables.get(key, {}), **measured}
     try:
