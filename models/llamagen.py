@@ -278,6 +278,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self.rope = rope_2d(math.isqrt(block_size), dim // n_head, rope_base, cls_token_num, prefix_rope)
         self._cache = None  # (k, v) tensors of shape (n_layer, B, H_kv, S_max, head_dim)
         self._key_valid = None  # (B, S_max) bool: False at padded caption positions
+        # attend over every cache slot, masked, instead of the slots up to the furthest position:
+        # fixed shapes and no host synchronisation in a step (what torch.compile needs; #48)
+        self.static_step = False
         self.initialize_weights()
 
     @classmethod
@@ -475,7 +478,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         ``allowed`` (b, 1, L, S) says which cache slots each token sees (default: causal)."""
         b = x.shape[0]
         if allowed is None:
-            S = int(input_pos.max()) + 1
+            S = self._key_valid.shape[1] if self.static_step else int(input_pos.max()) + 1
             key_valid = self._key_valid[:b] if rows is None else self._key_valid[rows]
             allowed = self._attention_mask(input_pos, key_valid[:, :S])
         # additive, made once for every layer (the fused kernel would convert a bool mask per call)

@@ -21,10 +21,12 @@ def _t2i_prefix(model, rows=3, seed=0):
     return caps, mask
 
 
+@pytest.mark.parametrize("static_step", [False, True], ids=["keys-so-far", "static-step"])
 @pytest.mark.parametrize("model_type", ["c2i", "t2i"])
-def test_cached_windows_equal_the_full_forward(model_type):
+def test_cached_windows_equal_the_full_forward(model_type, static_step):
     kw = dict(caption_dim=8, cls_token_num=5) if model_type == "t2i" else {}
     model = tiny_llamagen(vocab_size=32, block_size=64, model_type=model_type, **kw)
+    model.static_step = static_step  # every cache slot, masked: the same logits
     prefix = _t2i_prefix(model) if model_type == "t2i" else torch.tensor([0, 1, 2])
     tokens = torch.randint(0, 32, (3, 64))
     cond, mask = prefix if model_type == "t2i" else (prefix, None)

@@ -1,0 +1,109 @@
+"""What a static, compiled step buys a shipped LlamaGen-layout model on this machine (#48).
+
+    python benchmarks/compiled_step.py                     # assets/shapes-t2i, batch 1 and 16, W = 1 and 8
+    python benchmarks/compiled_step.py --batch-sizes 1 --windows 1 --threads 1
+
+For each batch size (guided: twice as many model rows) and window W, at the middle of the image,
+it times ``forward_window`` three ways, as medians of ``--repeats`` calls after a warm-up:
+
+- eager: today's step, attending over the cache slots up to the furthest position (one host
+  synchronisation a step to read that position);
+- static: ``static_step=True``, every cache slot masked instead: fixed shapes, no host
+  synchronisation;
+- compiled: the static step through ``torch.compile(dynamic=False)``, whose first call (reported)
+  compiles it.
+
+It prints milliseconds per forward, the compile time, and the largest difference of the logits
+from eager's. The arithmetic of a step is reported beside them (``--profile``: the time in matmul
+and attention kernels against the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from visualspec import VisualSpecPipeline  # noqa: E402
+from visualspec.core.sampling import SamplingConfig  # noqa: E402
+from visualspec.core.window_costs import machine_name  # noqa: E402
+from visualspec.tools.loading import default_model, shipped_or_path  # noqa: E402
+
+
+def median_ms(fn, repeats: int) -> float:
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def kernel_share(fn, calls: int = 30) -> float:
+    """The share of a call's CPU time spent in matmul and attention kernels (torch.profiler)."""
+    with torch.profiler.profile() as prof:
+        for _ in range(calls):
+            fn()
+    rows = prof.key_averages()
+    total = sum(r.self_cpu_time_total for r in rows)
+    kernels = sum(r.self_cpu_time_total for r in rows if r.key in ("aten::mm", "aten::addmm", "aten::bmm")
+                  or "scaled_dot_product" in r.key)
+    return kernels / total
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="pipeline folder or shipped name (default: the shipped shapes model)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--windows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="also the share of matmul and attention kernels")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    folder = shipped_or_path(args.model) if args.model else default_model()[0]
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    model = pipe.transformer.eval()
+    sampling = SamplingConfig(guidance_scale=pipe.config.default_guidance_scale)
+    print(f"{folder}: {machine_name('cpu')}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("| batch | W | eager ms | static ms | compiled ms | compile s | max abs diff | kernel share (eager) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with torch.no_grad():
+        for batch in args.batch_sizes:
+            prefix = pipe._prefix(model, pipe._conditions(["a photo of a red circle"] * batch, None, 1), sampling)
+            for W in args.windows:
+                rows = prefix[0].shape[0] if isinstance(prefix, tuple) else prefix.shape[0]
+                tokens = torch.randint(0, model.config.vocab_size, (rows, W))
+                start = torch.full((rows,), model.config.block_size // 2)
+                model.static_step = False
+                model.prefill(prefix, model.config.block_size)
+                eager = model.forward_window(tokens, start)
+                eager_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
+                share = kernel_share(lambda: model.forward_window(tokens, start)) if args.profile else float("nan")
+                model.static_step = True
+                model.prefill(prefix, model.config.block_size)
+                static_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
+                compiled = torch.compile(model.forward_window, dynamic=False)
+                t0 = time.perf_counter()
+                out = compiled(tokens, start)
+                compile_s = time.perf_counter() - t0
+                compiled_ms = median_ms(lambda: compiled(tokens, start), args.repeats)
+                diff = (out - eager).abs().max().item()
+                model.static_step = False
+                torch._dynamo.reset()
+                print(f"| {batch} | {W} | {eager_ms:.2f} | {static_ms:.2f} | {compiled_ms:.2f} | {compile_s:.1f} | "
+                      f"{diff:.1e} | {share:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
