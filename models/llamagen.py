@@ -276,7 +276,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab_size, bias=False)
         self.rope = rope_2d(math.isqrt(block_size), dim // n_head, rope_base, cls_token_num, prefix_rope)
-        self._cache = None  # (k, v) tensors of shape (n_layer, B, H_kv, S_max, head_dim)
+        # (keys, values): a list with a tensor (B, H_kv, S_max, head_dim) per layer, so that a compiled
+        # step writes each in place (views of one all-layer tensor made it copy the whole cache)
+        self._cache = None
         self._key_valid = None  # (B, S_max) bool: False at padded caption positions
         # attend over every cache slot, masked, instead of the slots up to the furthest position:
         # fixed shapes and no host synchronisation in a step (what torch.compile needs; #48)
@@ -386,8 +388,8 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         x = self.embed_condition(cond)
         B, T = x.shape[:2]
         S = T + max_new_tokens
-        shape = (len(self.layers), B, self.layers[0].attention.n_kv_head, S, self.config.dim // self.config.n_head)
-        self._cache = (torch.zeros(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device))
+        shape = (B, self.layers[0].attention.n_kv_head, S, self.config.dim // self.config.n_head)
+        self._cache = tuple([torch.zeros(shape, dtype=x.dtype, device=x.device) for _ in self.layers] for _ in "kv")
         self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
         self._rows, self._max_new = B, max_new_tokens
         if cond_mask is not None:
@@ -433,15 +435,10 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         B, N = tokens.shape
         device = tokens.device
         base = self._key_valid.shape[1]  # the sequence's slots; scratch follows
-        if self._cache[0].shape[3] < base + N:
-            grown = []
-            for buffer in self._cache:
-                shape = list(buffer.shape)
-                shape[3] = base + N
-                new = buffer.new_zeros(shape)
-                new[:, :, :, :buffer.shape[3]] = buffer
-                grown.append(new)
-            self._cache = tuple(grown)
+        if self._cache[0][0].shape[2] < base + N:
+            for buffers in self._cache:
+                for i, buffer in enumerate(buffers):
+                    buffers[i] = torch.nn.functional.pad(buffer, (0, 0, 0, base + N - buffer.shape[2]))
         start = torch.as_tensor(start, device=device).expand(B)
         cls = self.config.cls_token_num
         pos = (start[:, None] + depths.to(device)[None]).clamp(max=self._max_new - 1)
@@ -461,14 +458,14 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         src = base + nodes
         dst = torch.where(j < counts[:, None], self.config.cls_token_num + self._tree_start[:, None] + j, src)
         rows = torch.arange(B, device=device)[:, None].expand(B, m)
-        for buffer in self._cache:
-            buffer[:, rows, :, dst] = buffer[:, rows, :, src]
+        for buffer in (*self._cache[0], *self._cache[1]):
+            buffer[rows, :, dst] = buffer[rows, :, src]
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep cache rows ``rows`` (in that order) as rows 0..len(rows)-1 and drop the others."""
         m = len(rows)
-        for buffer in self._cache:
-            buffer[:, :m] = buffer[:, rows]
+        for buffer in (*self._cache[0], *self._cache[1]):
+            buffer[:m] = buffer[rows]
         self._key_valid[:m] = self._key_valid[rows]
         self._rows = m
 
