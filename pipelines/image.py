@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from diffusers.utils import BaseOutput
 
-from ..core.checks import check_int, check_positive_int
+from ..core.checks import check_positive_int
 from ..core.sampling import SamplingConfig
 from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
@@ -429,4 +429,4 @@ class PromptConditioning:
 
 
 __all__ = ["OUTPUT_TYPES", "VisualSpecImageOutput", "ImagePipeline", "TokenImagePipeline", "PromptConditioning",
-           "window_policy", "check_draft_compatible", "class_label_list", "check_int"]
+           "window_policy", "check_draft_compatible", "class_label_list"]
