@@ -21,7 +21,6 @@ and attention kernels against the rest).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,21 +29,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.timing import median_ms  # noqa: E402
 from visualspec import VisualSpecPipeline  # noqa: E402
 from visualspec.core.sampling import SamplingConfig  # noqa: E402
 from visualspec.core.window_costs import machine_name  # noqa: E402
 from visualspec.tools.loading import default_model, shipped_or_path  # noqa: E402
-
-
-def median_ms(fn, repeats: int) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def kernel_share(fn, calls: int = 30) -> float:

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.timing import median_ms  # noqa: E402
 from visualspec.core.window_costs import machine_name  # noqa: E402
 from visualspec.models.hf import HFCausalLM  # noqa: E402
 
@@ -60,14 +59,7 @@ def step_ms(model, rows: int, W: int, repeats: int):
         lm.crop(lengths)
         return out
 
-    for _ in range(5):
-        step()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, step()
+    return median_ms(step, repeats, warmup=5), step()
 
 
 def main(argv=None) -> int:

@@ -65,7 +65,7 @@ class ContinuousARPipeline(PromptConditioning, ImagePipeline):
                                 default_prefill=default_prefill)
 
     def check_inputs(self, decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
-                     num_images_per_prompt, num_steps=None) -> None:
+                     num_images_per_prompt, num_steps=None, batch_size=None) -> None:
         self.check_decoding(decoding)
         if decoding == "cspd":
             if self.draft_model is None:
@@ -81,7 +81,7 @@ class ContinuousARPipeline(PromptConditioning, ImagePipeline):
             raise ValueError(f"temperature must be > 0 for a diffusion head, got {temperature}")
         if not flatten >= 1.0:
             raise ValueError(f"flatten must be >= 1 (1 = the exact rule), got {flatten}")
-        self.check_common(output_type, num_images_per_prompt)
+        self.check_common(output_type, num_images_per_prompt, batch_size)
 
     @torch.no_grad()
     def __call__(self, prompt=None, class_labels=None, *, decoding: str | None = None, gamma: int | None = None,
@@ -102,9 +102,8 @@ class ContinuousARPipeline(PromptConditioning, ImagePipeline):
         gamma, prefill, guidance_scale = (self.folder_default(name, value) for name, value in
                                           (("gamma", gamma), ("prefill", prefill), ("guidance_scale", guidance_scale)))
         self.check_inputs(decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
-                          num_images_per_prompt, num_steps)
+                          num_images_per_prompt, num_steps, batch_size)
         sampling = SamplingConfig(guidance_scale=guidance_scale)
-        self.check_common(output_type, num_images_per_prompt, batch_size)
         cond = self._conditions(prompt, class_labels, num_images_per_prompt)
         gen = make_generator(seed, generator)
         rows = (cond[0] if isinstance(cond, tuple) else cond).shape[0]

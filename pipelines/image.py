@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from diffusers.utils import BaseOutput
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_positive_int, is_int
 from ..core.sampling import SamplingConfig
 from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
@@ -121,13 +121,18 @@ class ImagePipeline(VisualSpecPipeline):
         :meth:`acceptance_map`; None where they are not drawn in raster order."""
         return None
 
-    def acceptance_map(self, stats: DecodeStats, scale: int = 8):
-        """The picture of which forward fixed each token of the first image (the first
-        rows x columns tokens: a unified layout's row ends are a column, what follows is left out)."""
+    def raster_grid(self) -> tuple[int, int]:
+        """:meth:`acceptance_grid`, or a ValueError where the pipeline has none."""
         grid = self.acceptance_grid()
         if grid is None:
             raise ValueError(f"{self.display_name} ({type(self).__name__}) draws no acceptance map: its tokens are "
                              f"not drawn in raster order")
+        return grid
+
+    def acceptance_map(self, stats: DecodeStats, scale: int = 8):
+        """The picture of which forward fixed each token of the first image (the first
+        rows x columns tokens: a unified layout's row ends are a column, what follows is left out)."""
+        grid = self.raster_grid()
         n = grid[0] * grid[1]
         shown = dataclasses.replace(stats, fixed_at=stats.fixed_at[:, :n], num_tokens=n)
         return shown.acceptance_map_image(*grid, scale=scale)
@@ -257,11 +262,8 @@ class TokenImagePipeline(ImagePipeline):
                             lantern_lambda=None) -> None:
         """Checks of the options every token pipeline shares."""
         self.check_decoding(decoding)
-        if window != "auto" and not hasattr(window, "search"):
-            try:
-                check_positive_int("window", window)
-            except ValueError:
-                raise ValueError(f"window must be an integer >= 1, 'auto' or a WindowPolicy, got {window!r}") from None
+        if window != "auto" and not hasattr(window, "search") and not (is_int(window) and window >= 1):
+            raise ValueError(f"window must be an integer >= 1, 'auto' or a WindowPolicy, got {window!r}")
         if jacobi_init not in INIT_SCHEMES:
             raise ValueError(f"unknown jacobi_init {jacobi_init!r}; choose one of {INIT_SCHEMES}")
         if not isinstance(coupling, bool):

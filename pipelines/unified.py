@@ -230,18 +230,14 @@ class UnifiedARPipeline(TokenImagePipeline):
             lantern_k=min(d["lantern_k"], len(layout.code_tokens) - 1))  # a code has that many others
         gen = make_generator(seed, generator)
         slots = min(batch_size or len(prompts), len(prompts))
-
-        def prefix_of(rows):
-            return self.encode_prompts([prompts[i] for i in rows], sampling.uses_guidance, layout,
-                                       None if negatives is None else [negatives[i] for i in rows])
-
+        prefix_of = self._prefix_of(prompts, sampling, layout, negatives)
         prefix = (Requests(len(prompts), prefix_of, slots) if slots < len(prompts)
                   else prefix_of(range(len(prompts))))
         if window == "auto":
             window = window_policy(target, lambda r: prefix_of(range(r)), layout.num_tokens, slots) if drafter else 1
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
             tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
-                                   window=window if drafter else 1, generator=gen, constraints=constraints,
+                                   window=window, generator=gen, constraints=constraints,
                                    progress=bar.update, mode=decoding + ("+coupling" if coupling and drafter else ""))
         return self.output(tokens, stats, output_type, return_dict, lambda t: family.decode(layout.codes(t)))
 
@@ -257,13 +253,18 @@ class UnifiedARPipeline(TokenImagePipeline):
         cell = self.config.grid_cell_codes
         return lumina2_guidance(scale, layout.num_tokens, (layout.height // cell) * (layout.width // cell))
 
+    def _prefix_of(self, prompts: list[str], sampling: SamplingConfig, layout, negatives: list[str] | None = None):
+        """The model prefix of the prompts (and negative prompts) of given indices, as
+        :class:`visualspec.core.engine.Requests` asks for it."""
+        def prefix_of(rows):
+            return self.encode_prompts([prompts[i] for i in rows], sampling.uses_guidance, layout,
+                                       None if negatives is None else [negatives[i] for i in rows])
+
+        return prefix_of
+
     def window_plan(self, prompts: list, batch_size: int, sampling: SamplingConfig):
-        layout = self.layout
-
-        def prefix_of(rows: int):
-            return self.encode_prompts(prompts[:rows], sampling.uses_guidance, layout)
-
-        return self.family.token_model(), prefix_of, layout.num_tokens
+        prefix_of = self._prefix_of(prompts, sampling, self.layout)
+        return self.family.token_model(), lambda rows: prefix_of(range(rows)), self.layout.num_tokens
 
     def acceptance_grid(self) -> tuple[int, int]:
         """The image's rows of codes, each with its row-end column."""

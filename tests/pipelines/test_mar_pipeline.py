@@ -79,3 +79,8 @@ def test_the_command_line_generates_with_mar(folder, tmp_path, capsys):
     assert "--gamma is not an option of MAR" in capsys.readouterr().err
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--decoding", "sjd", "-o", str(out)]) == 2
     assert "is not built for MAR" in capsys.readouterr().err
+    amap, other = tmp_path / "map.png", tmp_path / "other.png"  # MAR's masked order has no acceptance map:
+    assert main(["generate", "--class-label", "3", "--model", str(folder), "--num-iter", "2", "-o", str(other),
+                 "--acceptance-map", str(amap)]) == 2  # refused by name, before any image is drawn
+    assert "MAR (MARPipeline) draws no acceptance map" in capsys.readouterr().err
+    assert not other.exists() and not amap.exists()

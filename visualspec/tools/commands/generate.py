@@ -30,10 +30,9 @@ def run(args) -> int:
                          "vocabulary), or use --decoding sjd")
     pipe = load_pipeline(args.model, args.draft_model)
     kwargs = call_options(pipe, args)
-    if args.acceptance_map and pipe.acceptance_grid() is None:
-        raise ValueError(f"--acceptance-map: {pipe.display_name} ({type(pipe).__name__}) does not draw its tokens in "
-                         f"raster order, so it has none")
-    out = pipe(condition(pipe, args), seed=args.seed, num_images_per_prompt=args.num_images, **kwargs)
+    if args.acceptance_map:
+        pipe.raster_grid()  # refused before any work where the pipeline has no acceptance map
+    out = pipe(condition(args), seed=args.seed, num_images_per_prompt=args.num_images, **kwargs)
     paths = [args.output] if len(out.images) == 1 else [
         str(Path(args.output).with_name(f"{Path(args.output).stem}_{i}{Path(args.output).suffix}"))
         for i in range(len(out.images))]

@@ -107,7 +107,7 @@ def call_options(pipe, args, names=None) -> dict:
     return given
 
 
-def condition(pipe, args):
+def condition(args):
     """The prompt or the class label of ``generate``, as the pipeline is conditioned."""
     if args.class_label is not None:
         if args.prompt:
