@@ -38,6 +38,8 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from visualspec.core.compiled import StepCompiler, bucket_slots
+
 from .checkpoints import load_state_dict_strict, read_checkpoint
 from .rotary import apply_rope
 
@@ -283,6 +285,8 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         # attend over every cache slot, masked, instead of the slots up to the furthest position:
         # fixed shapes and no host synchronisation in a step (what torch.compile needs; #48)
         self.static_step = False
+        self._compiler = None  # a StepCompiler of _window, once compile_step() asked for one
+        self._compiled = False
         self.initialize_weights()
 
     @classmethod
@@ -418,7 +422,68 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         B, L = tokens.shape[:2]  # (B, L) token ids, or (B, L, D) continuous tokens of a subclass
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         pos = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(max=self._max_new - 1)
-        return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos)
+        if self._compiled and L <= COMPILED_WINDOWS:
+            return self._compiled_window(tokens, pos)
+        return self._window(tokens, pos)
+
+    def _window(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None = None) -> torch.Tensor:
+        """The window forward at image positions ``pos`` (B, L), attending ``attended`` cache
+        slots (default: as :meth:`_run` decides)."""
+        return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos, attended=attended)
+
+    # ------------------------------------------------------------------ the compiled step (#48)
+
+    def compile_step(self, enabled: bool = True, mode: str | None = None) -> None:
+        """Run :meth:`forward_window` through ``torch.compile`` (``enabled=False``: the eager step
+        again). The compiled step is static: it runs every cache row (rows that finished write
+        only into their own unused rows) and attends a bucket of the cache slots
+        (:func:`~visualspec.core.compiled.bucket_slots`), so a decode needs two graphs per window
+        length, compiled once each (:meth:`precompile`, announced) and never mid-step. ``mode`` is ``torch.compile``'s. Trees,
+        prefills and refills stay eager."""
+        if enabled and (self._compiler is None or self._compiler_mode != mode):
+            self._compiler = StepCompiler(self._window, f"the {type(self).__name__} decode step",
+                                          describe=_describe_bucket, mode=mode)
+            self._compiler_mode = mode
+        self._compiled = bool(enabled)
+
+    @property
+    def compiled_step(self) -> bool:
+        """Whether :meth:`forward_window` runs compiled (:meth:`compile_step`)."""
+        return self._compiled
+
+    @torch.no_grad()
+    def precompile(self, prefix, max_new_tokens: int, windows) -> None:
+        """Compile every bucket a decode of ``prefix`` with these window lengths can step through
+        (each slot bucket of each window, without gradients, as decoding runs), so that none
+        compiles inside a decode (or a timed call). When one is missing, runs a prefill and
+        leaves junk in the cache: prefill again before decoding."""
+        cond = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
+        rows, cls = cond.shape[0], self.config.cls_token_num
+        total = cls + max_new_tokens
+        dtype = self.tok_embeddings.weight.dtype
+        todo = [(window, attended) for window in sorted({int(w) for w in windows if 1 <= w <= min(max_new_tokens,
+                                                                                                 COMPILED_WINDOWS)})
+                for attended in sorted({bucket_slots(n, total) for n in range(cls + window, total + 1)})
+                if (rows, window, attended, total, total, dtype, torch.is_grad_enabled()) not in self._compiler.compile_s]
+        if todo:
+            self.prefill(prefix, max_new_tokens)
+        for window, attended in todo:
+            start = min(attended - cls - window, max_new_tokens - window)
+            self.forward_window(torch.zeros(rows, window, dtype=torch.long, device=cond.device), start)
+
+    def _compiled_window(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The window forward through the compiled graph of its bucket: every cache row (the
+        rows of finished images padded in, writing only into their own rows), slots a bucket of
+        the cache."""
+        B, L = tokens.shape[:2]
+        rows, total = self._key_valid.shape
+        attended = bucket_slots(self.config.cls_token_num + int(pos.max()) + 1, total)  # free on a CPU
+        if rows > B:
+            tokens = torch.cat([tokens, tokens.new_zeros(rows - B, *tokens.shape[1:])])
+            pos = torch.cat([pos, pos.new_zeros(rows - B, L)])
+        cache = self._cache[0][0]  # its slots grow past ``total`` once a tree needs scratch slots
+        key = (rows, L, attended, total, cache.shape[2], cache.dtype, torch.is_grad_enabled())
+        return self._compiler(key, tokens.contiguous(), pos.contiguous(), attended)[:B]  # one layout per bucket
 
     def crop(self, lengths) -> None:
         """Static cache: positions >= length are simply overwritten later and masked until then."""
@@ -469,13 +534,14 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self._key_valid[:m] = self._key_valid[rows]
         self._rows = m
 
-    def _run(self, x, input_pos, rows=None, slots=None, allowed=None):
+    def _run(self, x, input_pos, rows=None, slots=None, allowed=None, attended=None):
         """x (b, L, dim) at sequence positions ``input_pos`` (b, L), for the cache rows ``rows``
         (default: the first b). Keys and values are stored at ``slots`` (default: the positions);
-        ``allowed`` (b, 1, L, S) says which cache slots each token sees (default: causal)."""
+        ``allowed`` (b, 1, L, S) says which cache slots each token sees (default: causal, over the
+        first ``attended`` slots: all of them for a static step, else up to the furthest position)."""
         b = x.shape[0]
         if allowed is None:
-            S = self._key_valid.shape[1] if self.static_step else int(input_pos.max()) + 1
+            S = attended or (self._key_valid.shape[1] if self.static_step else int(input_pos.max()) + 1)
             key_valid = self._key_valid[:b] if rows is None else self._key_valid[rows]
             allowed = self._attention_mask(input_pos, key_valid[:, :S])
         # additive, made once for every layer (the fused kernel would convert a bool mask per call)
@@ -490,3 +556,11 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         """The output head on the final hidden states, in float32 at least (float64 stays)."""
         out = self.output(self.norm(x))
         return out if out.dtype == torch.float64 else out.float()
+
+
+COMPILED_WINDOWS = 32  # the longest window the compiled step takes (the window search's largest)
+
+
+def _describe_bucket(key) -> str:
+    rows, window, attended, total, _, _, _ = key
+    return f"{rows} model rows, window {window}, {attended} of {total} cache slots"

@@ -107,9 +107,14 @@ class ImagePipeline(VisualSpecPipeline):
 
     @classmethod
     def bench_mode(cls, mode: str) -> dict:
-        """The ``__call__`` arguments of benchmark mode ``mode``, or a ValueError listing the modes."""
+        """The ``__call__`` arguments of benchmark mode ``mode``, or a ValueError listing the modes.
+        Where the pipeline takes ``compile``, a mode runs eagerly and ``MODE+compiled`` runs it
+        with the compiled step."""
+        compiles = "compile" in cls.call_options()
+        if compiles and mode.endswith("+compiled"):
+            return {**cls.bench_mode(mode[:-len("+compiled")]), "compile": True}
         if mode in cls.bench_modes:
-            return dict(cls.bench_modes[mode])
+            return {**cls.bench_modes[mode], **({"compile": False} if compiles else {})}
         if not cls.bench_modes:
             raise ValueError(f"bench compares decodings of one model; {cls.display_name} has one: time it with "
                              f"generate --stats")
@@ -204,7 +209,8 @@ def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots
     every pipeline: cost tables at slots, slots/2, ..., 1 images (the batch shrinks as images
     finish), measured once per model and batch size on this machine and cached on disk; with
     ``siblings`` > 1 also the cost of whole sibling-tree steps
-    (:func:`visualspec.core.proactive.tree_step_timer`)."""
+    (:func:`visualspec.core.proactive.tree_step_timer`). A compiled step runs every cache row
+    however many images are left, so its table at ``slots`` images serves the whole call."""
     from ..core.proactive import tree_step_timer
     from ..core.window import WindowPolicy, prefix_rows
     from ..core.window_costs import cached_window_costs
@@ -218,9 +224,54 @@ def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots
             step = tree_step_timer(model, model_rows // rows, siblings, sibling_depth)
             trees[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=step,
                                                     tag=f"tree={siblings}x{sibling_depth}")
-        if rows == 1:
+        if rows == 1 or getattr(model, "compiled_step", False):
             return WindowPolicy(tables, trees)
         rows = max(1, rows // 2)
+
+
+def compiled_step(model, compile, prefix_of: Callable[[int], Any], num_tokens: int, images: int, slots: int) -> bool:
+    """Whether a call runs ``model``'s compiled step (:meth:`compile_step`), and switch it so.
+
+    ``compile=True`` compiles (an error for a model without a compiled step) and, once per model,
+    batch size and machine, measures the one-token step eager and compiled (cached with the window
+    costs); ``False`` stays eager; ``"auto"`` compiles only where those stored measurements say it
+    pays in this call (:func:`~visualspec.core.compiled.compile_pays`), counting
+    ``num_tokens * ceil(images / slots)`` steps (the AR count: speculative calls take fewer, so
+    this errs towards compiling only for long calls) against the compile time of every window
+    measured (a speculative call may use any of them). With nothing stored, "auto" stays eager.
+    """
+    from ..core.compiled import check_compile, compile_pays
+    from ..core.window import prefix_rows
+    from ..core.window_costs import cached_window_costs, stored_window_costs
+
+    check_compile(compile)
+    if not hasattr(model, "compile_step"):
+        if compile is True:
+            raise ValueError(f"compile=True: {type(model).__name__} has no compiled step yet; use compile=False")
+        return False
+    prefix = prefix_of(slots)
+    rows = prefix_rows(prefix)
+    if compile == "auto":
+        eager = stored_window_costs(model, rows, num_tokens, compiled=False)
+        fast = stored_window_costs(model, rows, num_tokens, compiled=True)
+        compile_s = stored_window_costs(model, rows, num_tokens, compiled=True, tag="compile-s")
+        steps = num_tokens * -(-images // slots)
+        compile = (1 in eager and 1 in fast and bool(compile_s)
+                   and compile_pays(eager[1], fast[1], sum(compile_s.values()), steps))
+    elif compile:
+        model.compile_step(False)
+        cached_window_costs(model, prefix, num_tokens, windows=(1,))
+        model.compile_step(True)
+        cached_window_costs(model, prefix, num_tokens, windows=(1,))
+    model.compile_step(bool(compile))
+    return bool(compile)
+
+
+def window_lengths(window) -> list[int]:
+    """The window lengths a decode with ``window`` (an int or a WindowPolicy) can step with."""
+    if hasattr(window, "tables"):
+        return sorted({w for table in window.tables.values() for w in table})
+    return [int(window)]
 
 
 # ---------------------------------------------------------------------- token decodings
@@ -255,7 +306,7 @@ class TokenImagePipeline(ImagePipeline):
                     break
                 combined.update({k: v for k, v in part.items() if k != "decoding" and (k != "coupling" or v)})
             else:
-                return combined
+                return {**combined, **({"compile": False} if "compile" in cls.call_options() else {})}
         return super().bench_mode(mode)
 
     def check_token_options(self, decoding, window, jacobi_init, coupling, lantern_k=None, lantern_delta=None,
@@ -431,4 +482,4 @@ class PromptConditioning:
 
 
 __all__ = ["OUTPUT_TYPES", "VisualSpecImageOutput", "ImagePipeline", "TokenImagePipeline", "PromptConditioning",
-           "window_policy", "check_draft_compatible", "class_label_list"]
+           "window_policy", "compiled_step", "window_lengths", "check_draft_compatible", "class_label_list"]

@@ -12,7 +12,8 @@ from ..core.sampling import SamplingConfig, make_generator
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline
-from .image import TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline, check_draft_compatible, window_policy
+from .image import (TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline, check_draft_compatible,
+                    compiled_step, window_lengths, window_policy)
 
 
 @register_pipeline
@@ -91,6 +92,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         lantern_lambda: float | None = None,
         gsd_group_size: int | None = None,
         gsd_max_distance: float | None = None,
+        compile="auto",
         seed: int | None = None,
         generator=None,
         output_type: str = "pil",
@@ -129,6 +131,10 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
           decoding, lossy): a draft is accepted with the target mass of its group, the tokens within
           ``gsd_group_size`` ranks of it in the target's ranking whose codebook vectors lie within
           ``gsd_max_distance`` (squared) of its own. Defaults from the folder.
+        - ``compile``: run the target's decode step through ``torch.compile`` (True), eagerly
+          (False), or ``"auto"``: compiled only where measurements stored on this machine say it
+          pays in this call (see ``compiled_step``; a first compiled call measures them). Greedy
+          tokens are the eager ones; each new shape compiles once, with a progress line.
         - ``seed`` or ``generator`` (a ``torch.Generator`` or one per image) make results repeatable.
         - ``output_type``: ``"pil"``, ``"np"``, ``"pt"`` or ``"latent"`` (token ids).
         """
@@ -166,12 +172,16 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
             gsd_max_distance=d["gsd_max_distance"], draft=draft)
         siblings, sibling_depth = d["siblings"], d["sibling_depth"]
         tree = drafter is not None and siblings > 1 and sibling_depth > 0
+        compiled = compiled_step(model, compile, lambda r: prefix_of(model, list(range(r))), num_tokens, rows, slots)
         if window == "auto":
             window = (window_policy(model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots,
                                     siblings if tree else 1, sibling_depth) if drafter is not None else 1)
+        if compiled:
+            model.precompile(prefix_of(model, list(range(slots))), num_tokens, window_lengths(window))
 
         with self.progress_bar(total=num_tokens * rows) as bar:
-            mode = decoding + ("+coupling" if d["coupling"] and drafter else "") + ("+pd" if tree else "")
+            mode = (decoding + ("+coupling" if d["coupling"] and drafter else "") + ("+pd" if tree else "")
+                    + ("+compiled" if compiled else ""))
             tokens, stats = decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=window,
                                    generator=gen, mode=mode, progress=bar.update, siblings=siblings if tree else 1,
                                    sibling_depth=sibling_depth)

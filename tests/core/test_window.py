@@ -214,8 +214,10 @@ def test_measure_window_costs_keeps_a_dynamic_cache_consistent():
 def counted(monkeypatch):
     calls = []
 
-    def fake_measure(model, prefix, max_new_tokens, windows, repeats=5, forward=None):
+    def fake_measure(model, prefix, max_new_tokens, windows, repeats=5, forward=None, warmup=None):
         calls.append((prefix.shape[0], tuple(windows)))
+        if warmup is not None:
+            warmup.update({w: 2.0 for w in windows})  # a compiled step's first calls compile
         return {w: 1e-3 * w * prefix.shape[0] for w in windows}
 
     monkeypatch.setattr(win, "measure_window_costs", fake_measure)
@@ -239,6 +241,20 @@ def test_cost_cache_measures_once_then_reads(tmp_path, counted, capsys):
     assert len(counted) == 1
     cached_window_costs(model, torch.zeros(4, dtype=torch.long), 16, windows=(1, 5), cache_dir=tmp_path)
     assert len(counted) == 2
+
+
+def test_a_compiled_step_keeps_its_costs_and_compile_times_apart(tmp_path, counted):
+    model = tiny_llamagen(vocab_size=16, block_size=16)
+    prefix = torch.zeros(4, dtype=torch.long)
+    eager = cached_window_costs(model, prefix, 16, windows=(1, 2), cache_dir=tmp_path)
+    model._compiled = True  # what compile_step(True) switches: the tables of another step
+    compiled = cached_window_costs(model, prefix, 16, windows=(1, 2), cache_dir=tmp_path)
+    assert len(counted) == 2 and eager == compiled  # the fake measures both alike; the keys differ
+    stored = json.loads((tmp_path / "window_costs.json").read_text())
+    assert sorted(key.split("|new=16")[1] for key in stored) == ["", "|compiled", "|compiled|compile-s"]
+    assert win.stored_window_costs(model, 4, 16, compiled=True, tag="compile-s", cache_dir=tmp_path) == {1: 2.0, 2: 2.0}
+    assert win.stored_window_costs(model, 4, 16, compiled=False, cache_dir=tmp_path) == eager
+    assert win.stored_window_costs(model, 8, 16, compiled=False, cache_dir=tmp_path) == {}  # none stored
 
 
 def test_cost_cache_keys_differ_by_batch_and_model(tmp_path, counted, monkeypatch):

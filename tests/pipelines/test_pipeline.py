@@ -120,6 +120,7 @@ def test_class_conditional_pipeline_with_a_draft_model(tmp_path):
     (dict(decoding="lantern", lantern_delta=2.0), "lantern_delta"),
     (dict(num_images_per_prompt=0), "num_images_per_prompt"),
     (dict(siblings=0), "siblings must be an integer >= 1"),
+    (dict(compile="yes"), "compile must be True, False or 'auto'"),
     (dict(decoding="lantern", siblings=2), "siblings .proactive drafting. are verified exactly"),
 ])
 def test_bad_arguments_get_clear_errors(pipe, kwargs, message):
@@ -284,3 +285,49 @@ def test_written_out_training_attention_matches_the_fused_kernel(masked):
         assert torch.allclose(a, b, atol=1e-4)
     if masked:  # the control: a wrong mask changes the result
         assert not torch.allclose(attend(q, k, v, torch.ones_like(mask)), written, atol=1e-3)
+
+
+def test_the_compiled_step_gives_the_eager_greedy_images(pipe, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VISUALSPEC_CACHE", str(tmp_path))
+    kw = dict(decoding="sjd", window=4, temperature=0, output_type="latent")
+    ref = pipe(PROMPT, compile=False, **kw)
+    out = pipe(PROMPT, compile=True, **kw)
+    assert torch.equal(out.images, ref.images)
+    assert out.stats.mode == "sjd+compiled" and ref.stats.mode == "sjd"
+    assert "compiling the LlamaGenGPT decode step" in capsys.readouterr().err
+    again = pipe(PROMPT, compile=True, **kw)  # every bucket compiled: nothing more to do or say
+    assert torch.equal(again.images, ref.images) and capsys.readouterr().err == ""
+    # compile=True measured the one-token step both ways, for "auto" to weigh later
+    assert len(list(json.loads((tmp_path / "window_costs.json").read_text()))) == 3
+    assert pipe(PROMPT, **kw).stats.mode == "sjd"  # auto: a 256-token image does not repay a compile here
+
+
+@pytest.mark.parametrize("images, stored, compiles", [
+    (4, True, True),    # 4 x 256 steps x 1 ms saved = 1.02 s > 1 s of compiling
+    (3, True, False),   # 0.77 s < 1 s
+    (100, False, False),  # nothing measured on this machine: stay eager
+])
+def test_auto_compiles_only_where_stored_measurements_say_it_pays(monkeypatch, images, stored, compiles):
+    from visualspec.core import window_costs
+    from visualspec.pipelines.image import compiled_step
+
+    class Model:
+        compiled_step = False
+
+        def compile_step(self, enabled):
+            self.compiled_step = enabled
+
+    tables = {(False, None): {1: 2e-3}, (True, None): {1: 1e-3}, (True, "compile-s"): {1: 0.5, 4: 0.5}}
+    monkeypatch.setattr(window_costs, "stored_window_costs",
+                        lambda model, rows, n, compiled=None, tag=None: tables[compiled, tag] if stored else {})
+    model = Model()
+    assert compiled_step(model, "auto", lambda images: torch.zeros(images), 256, images, 1) is compiles
+    assert model.compiled_step is compiles
+
+
+def test_compile_true_on_a_model_without_a_compiled_step_is_refused():
+    from visualspec.pipelines.image import compiled_step
+
+    with pytest.raises(ValueError, match="compile=True: object has no compiled step yet; use compile=False"):
+        compiled_step(object(), True, lambda images: torch.zeros(images), 16, 1, 1)
+    assert compiled_step(object(), "auto", lambda images: torch.zeros(images), 16, 1, 1) is False

@@ -51,7 +51,7 @@ def window_start(max_new_tokens: int, windows: Sequence[int]) -> int:
 @torch.no_grad()
 def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
                          repeats: int = 5, forward: Callable | None = None,
-                         start: int | None = None) -> dict[int, float]:
+                         start: int | None = None, warmup: dict | None = None) -> dict[int, float]:
     """Seconds per ``forward_window`` call for each window W <= ``max_new_tokens`` of ``windows``.
 
     The model batch is the one ``prefix`` gives (with guidance, the doubled batch). The cache is
@@ -59,7 +59,8 @@ def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Seque
     and ``repeats`` timed calls of W tokens (all token id 0) at that start, in rounds over all W,
     each call followed by ``crop(start)``; the cost is the median of the timed calls. ``forward`` (default
     ``model.forward_window``) is the callable timed instead, e.g. a ``torch.compile``'d one; the
-    cache is always filled by ``model.forward_window``. Leaves junk in the model's cache: prefill
+    cache is always filled by ``model.forward_window``. ``warmup``, if given, receives each W's
+    warm-up seconds (with a compiled step: its compile). Leaves junk in the model's cache: prefill
     again before decoding.
     """
     windows = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
@@ -84,6 +85,8 @@ def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Seque
             synchronize(device)
             times[w].append(_clock() - t0)
             model.crop(start)
+    if warmup is not None:
+        warmup.update({w: t[0] for w, t in times.items()})
     return {w: statistics.median(t[1:]) for w, t in times.items()}
 
 
@@ -139,16 +142,20 @@ def _config_text(model) -> str:
     return ""
 
 
-def cost_signature(model, rows: int, max_new_tokens: int) -> str:
+def cost_signature(model, rows: int, max_new_tokens: int, compiled: bool | None = None) -> str:
     """The cache key of a cost table: model class, a hash of its config, parameter dtype, device
-    type, machine, torch threads, torch version, model batch rows and ``max_new_tokens``."""
+    type, machine, torch threads, torch version, model batch rows and ``max_new_tokens``, and
+    ``|compiled`` for a compiled step (default: whether the model's ``compiled_step`` is on)."""
+    if compiled is None:
+        compiled = bool(getattr(model, "compiled_step", False))
     param = next((p for obj in _modules(model) if isinstance(obj, torch.nn.Module)
                   for p in obj.parameters()), None)
     dtype, device = (str(param.dtype), param.device) if param is not None else ("unknown", torch.device("cpu"))
     config = hashlib.sha256(_config_text(model).encode()).hexdigest()[:16]
     return "|".join([type(model).__name__, f"config={config}", dtype.replace("torch.", ""), device.type,
                      machine_name(device), platform.machine(), f"threads={torch.get_num_threads()}",
-                     f"torch={torch.__version__}", f"rows={rows}", f"new={max_new_tokens}"])
+                     f"torch={torch.__version__}", f"rows={rows}", f"new={max_new_tokens}"]
+                    + (["compiled"] if compiled else []))
 
 
 def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -188,6 +195,14 @@ def _write_tables(path: Path, tables: Mapping[str, Mapping[int, float]]) -> None
         raise
 
 
+def stored_window_costs(model, rows: int, max_new_tokens: int, compiled: bool | None = None,
+                        tag: str | None = None, cache_dir: str | os.PathLike | None = None) -> dict[int, float]:
+    """The table :func:`cached_window_costs` keeps for these arguments, without measuring: ``{}``
+    if none is stored."""
+    key = cost_signature(model, rows, max_new_tokens, compiled) + (f"|{tag}" if tag else "")
+    return _read_tables(cache_path(cache_dir)).get(key, {})
+
+
 def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequence[int] = WINDOWS,
                         cache_dir: str | os.PathLike | None = None, repeats: int = 5,
                         forward: Callable | None = None, tag: str | None = None) -> dict[int, float]:
@@ -208,10 +223,13 @@ def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequen
     what = f"{type(model).__name__} at {rows} model row{'s' if rows > 1 else ''}" + (f", {tag}" if tag else "")
     announce(f"window costs: measuring {what} on this machine, once (kept in {path})")
     t0 = _clock()
-    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, forward=forward)
+    warmup = {}
+    measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, forward=forward, warmup=warmup)
     announce(f"window costs: {what} measured in {_clock() - t0:.1f} s")
     tables = _read_tables(path)  # again: another process may have written meanwhile
     tables[key] = {**tables.get(key, {}), **measured}
+    if getattr(model, "compiled_step", False) and not tag:
+        tables[key + "|compile-s"] = {**tables.get(key + "|compile-s", {}), **warmup}
     try:
         _write_tables(path, tables)
     except OSError as e:

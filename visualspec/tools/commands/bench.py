@@ -14,8 +14,9 @@ def register(sub, common) -> None:
     b.add_argument("--prompt", action="append", help="prompt (repeatable; default: a built-in list)")
     b.add_argument("--modes", default=None,
                    help="comma-separated, the pipeline's bench modes (default: its own list); token models: ar, sjd, "
-                        "sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, gsd, speculative; continuous-token models: "
-                        "ar, cspd, cspd+flat, each optionally @STEPS for that many diffusion-head steps")
+                        "sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, gsd, speculative, each also +compiled (the "
+                        "compiled step; otherwise eager); continuous-token models: ar, cspd, cspd+flat, each "
+                        "optionally @STEPS for that many diffusion-head steps. Speed-ups are over the fastest AR mode")
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1],
                    help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
     b.add_argument("--images", type=int, default=4, help="images per mode")
@@ -56,7 +57,8 @@ def run(args) -> int:
         result = run_benchmark(pipe, prompts=prompts, modes=list(modes), images=args.images, seed=args.seed,
                                batch_size=batch_size, scorer=scorer, keep_images=keep, progress=True, **kwargs)
         results.append(result)
-        print(f"batch {batch_size}, {result['images_per_mode']} images per mode, {result['machine']}")
+        print(f"batch {batch_size}, {result['images_per_mode']} images per mode, speed-ups over {result['baseline']}, "
+              f"{result['machine']}")
         print(result["table"], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")

@@ -36,6 +36,12 @@ def on_off(text: str) -> bool:
     return text == "on"
 
 
+def compile_arg(text: str):
+    if text not in ("on", "off", "auto"):
+        raise argparse.ArgumentTypeError(f"--compile takes on, off or auto, got {text!r}")
+    return "auto" if text == "auto" else text == "on"
+
+
 def threads_arg(text: str) -> int:
     try:
         value = int(text)
@@ -60,6 +66,9 @@ IMAGE_OPTIONS = (
                               "own)"),
     ("window", window_arg, "tokens per target forward in speculative modes, or 'auto' (default): chosen each step "
                            "from the measured cost of a window at this batch size on this machine"),
+    ("compile", compile_arg, "on, off or auto (default): the target's decode step through torch.compile; auto "
+                             "compiles where measurements on this machine say it pays (a first --compile on run "
+                             "measures them)"),
     ("coupling", on_off, "on or off: coupled Jacobi drafts (lossless; default: the model's own)"),
     ("gsd_group_size", int, "GSD group half-width (default: the model's own)"),
     ("siblings", int, "proactive drafting: candidates at each of the first --sibling-depth draft positions, scored "
@@ -91,7 +100,7 @@ def add_image_options(p, decoding: bool = True) -> None:
                             "ar, lantern; continuous tokens: ar, cspd; MAR: ar); default: the model's own")
     for name, kind, text in IMAGE_OPTIONS:
         p.add_argument(flag(name), dest=name, type=kind, default=None, help=text,
-                       metavar="{on,off}" if kind is on_off else None)
+                       metavar="{on,off}" if kind is on_off else "{on,off,auto}" if kind is compile_arg else None)
     p.add_argument("--seed", type=int, default=0)
 
 

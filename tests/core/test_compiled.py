@@ -1,0 +1,148 @@
+"""The compiled decode step (#48): its bucket rules, the compiler's promises (each bucket compiled
+once and announced, no silent recompile, a clear error when torch cannot compile), and a compiled
+LlamaGen step that gives the eager step's logits and tokens."""
+
+import pytest
+import torch
+
+from conftest import tiny_llamagen
+from visualspec.core.compiled import StepCompiler, bucket_slots, check_compile, compile_pays
+from visualspec.core.engine import decode
+from visualspec.core.sampling import SamplingConfig
+from visualspec.drafters import JacobiDrafter
+
+
+@pytest.mark.parametrize("needed, total, parts, expected", [
+    (1, 272, 2, 136), (136, 272, 2, 136), (137, 272, 2, 272), (272, 272, 2, 272),
+    (5, 21, 2, 11), (12, 21, 2, 21), (7, 21, 1, 21), (7, 21, 3, 7), (8, 21, 3, 14),
+])
+def test_slot_buckets_round_up_to_a_part_of_the_cache(needed, total, parts, expected):
+    assert bucket_slots(needed, total, parts) == expected
+
+
+@pytest.mark.parametrize("needed", [0, 273])
+def test_slots_outside_the_cache_are_refused(needed):
+    with pytest.raises(ValueError, match="slots needed of a cache of 272"):
+        bucket_slots(needed, 272)
+
+
+def test_compiling_pays_when_the_steps_repay_its_time():
+    assert compile_pays(eager_s=2e-3, compiled_s=1e-3, compile_s=1.0, steps=1001)
+    assert not compile_pays(eager_s=2e-3, compiled_s=1e-3, compile_s=1.0, steps=999)
+    assert not compile_pays(eager_s=1e-3, compiled_s=2e-3, compile_s=0.0, steps=10 ** 6)  # slower never pays
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None, "on"])
+def test_compile_takes_true_false_or_auto(bad):
+    with pytest.raises(ValueError, match="compile must be True, False or 'auto'"):
+        check_compile(bad)
+    for good in (True, False, "auto"):
+        check_compile(good)
+
+
+def test_each_bucket_compiles_once_and_is_announced(capsys):
+    compiler = StepCompiler(lambda x: x * 2 + 1, "the toy step", describe=lambda key: f"bucket {key}")
+    x = torch.arange(4.0)
+    for _ in range(3):
+        torch.testing.assert_close(compiler("four", x), x * 2 + 1)
+    torch.testing.assert_close(compiler("five", torch.arange(5.0)), torch.arange(5.0) * 2 + 1)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["compiling the toy step for bucket four",
+                                                      "compiling the toy step for bucket five"]
+    assert set(compiler.compile_s) == {"four", "five"}
+
+
+def test_a_known_bucket_never_recompiles_silently():
+    compiler = StepCompiler(lambda x: x * 2, "the toy step", describe=lambda key: f"bucket {key}")
+    compiler("four", torch.arange(4.0))
+    with pytest.raises(RuntimeError, match="wanted to recompile the already compiled bucket bucket four"):
+        compiler("four", torch.arange(6.0))  # a caller that lies about its bucket: torch would recompile
+
+
+def test_past_its_graphs_a_compiler_runs_new_buckets_eagerly_with_one_warning():
+    compiler = StepCompiler(lambda x: x + 1, "the toy step", max_graphs=1)
+    compiler(1, torch.zeros(2))
+    with pytest.warns(UserWarning, match="1 shape buckets are compiled already; new ones .first: 2. run eagerly"):
+        assert compiler(2, torch.zeros(3)).tolist() == [1.0, 1.0, 1.0]
+    assert compiler(3, torch.zeros(1)).tolist() == [1.0]  # no second warning
+    assert compiler.eager == {2, 3}
+
+
+def test_a_step_torch_cannot_compile_gets_an_error_that_says_what_to_do(monkeypatch):
+    compiler = StepCompiler(lambda x: x, "the toy step")
+
+    def no_compiler(*args):
+        raise OSError("no C++ compiler found")
+
+    monkeypatch.setattr(compiler, "compiled", no_compiler)
+    with pytest.raises(RuntimeError, match=r"could not compile the step on this machine \(OSError: no C\+\+ "
+                                           r"compiler found\); use compile=False"):
+        compiler("any", torch.zeros(1))
+
+
+def _prefix(model, rows=3):
+    g = torch.Generator().manual_seed(0)
+    caps = torch.randn(rows, model.config.cls_token_num, model.config.caption_dim, generator=g, dtype=model.dtype)
+    mask = torch.ones(rows, model.config.cls_token_num, dtype=torch.long)
+    mask[1, :3] = 0  # a left-padded caption
+    return caps, mask
+
+
+@pytest.fixture(scope="module")
+def compiled_pair():
+    """A tiny text-conditional GPT eager, and a copy of it compiled."""
+    kw = dict(vocab_size=32, block_size=16, model_type="t2i", caption_dim=8, cls_token_num=5, dtype=torch.float32)
+    eager, compiled = tiny_llamagen(**kw), tiny_llamagen(**kw)
+    compiled.compile_step(True)
+    return eager, compiled
+
+
+@torch.no_grad()
+def test_compiled_windows_give_the_eager_logits_and_finished_rows_stay_out(compiled_pair):
+    eager, compiled = compiled_pair
+    assert compiled.compiled_step and not eager.compiled_step
+    prefix = _prefix(eager)
+    tokens = torch.randint(0, 32, (3, 16), generator=torch.Generator().manual_seed(1))
+    compiled.precompile(prefix, 16, [1, 4])  # windows 1 and 4, each at both slot buckets
+    graphs = set(compiled._compiler.compile_s)
+    assert len(graphs) == 4
+    for model in (eager, compiled):
+        model.prefill(prefix, 16)
+    start = 0
+    for length in (4, 1, 4, 1, 4):  # crossing from the first slot bucket (11 of 21) into the second
+        torch.testing.assert_close(compiled.forward_window(tokens[:, start:start + length], start),
+                                   eager.forward_window(tokens[:, start:start + length], start))
+        start += length
+    for model in (eager, compiled):  # row 1 finished: two live rows, the compiled step pads the third
+        model.select(torch.tensor([0, 2]))
+    torch.testing.assert_close(compiled.forward_window(tokens[[0, 2], 14:15], 14),
+                               eager.forward_window(tokens[[0, 2], 14:15], 14))
+    assert set(compiled._compiler.compile_s) == graphs  # nothing compiled after precompile
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_greedy_decodes_with_the_compiled_step_give_the_eager_tokens(compiled_pair, window):
+    eager, compiled = compiled_pair
+    prefix, greedy = _prefix(eager), SamplingConfig(temperature=0)
+    drafter = None if window == 1 else JacobiDrafter(32)
+    compiled.precompile(prefix, 16, [window])
+    graphs = set(compiled._compiler.compile_s)
+    ref, _ = decode(eager, prefix, 16, greedy, drafter=drafter, window=window)
+    out, stats = decode(compiled, prefix, 16, greedy, drafter=drafter, window=window)
+    assert torch.equal(out, ref)
+    assert stats.target_forwards < 17 if window > 1 else stats.target_forwards == 16
+    assert set(compiled._compiler.compile_s) == graphs
+
+
+@torch.no_grad()
+def test_the_eager_step_comes_back_when_compiling_is_switched_off(compiled_pair):
+    _, compiled = compiled_pair
+    compiled.compile_step(False)
+    try:
+        prefix = _prefix(compiled)
+        compiled.prefill(prefix, 16)
+        graphs = set(compiled._compiler.compile_s)
+        compiled.forward_window(torch.zeros(3, 2, dtype=torch.long), 0)  # window 2: never compiled
+        assert set(compiled._compiler.compile_s) == graphs and not compiled.compiled_step
+    finally:
+        compiled.compile_step(True)

@@ -1,0 +1,107 @@
+"""A compiled decode step: ``torch.compile`` of a model's window forward, one graph per shape bucket.
+
+A token model that can run its window forward at fixed shapes (a static cache, every row at its own
+positions, no host read inside) hands that forward to a :class:`StepCompiler`. The compiler keeps
+one compiled graph per bucket of shapes (the model's rows, the window, the cache slots attended),
+so that a decode never recompiles mid-step (a model compiles its buckets before decoding):
+
+- a bucket's first call compiles it, with one progress line that says so (torch keeps the compiled
+  code in its on-disk cache, so a later process compiles faster);
+- a known bucket's calls run under ``fail_on_recompile``: if torch ever wanted to recompile one,
+  the call fails and names the bucket instead of recompiling silently in a loop;
+- past ``max_graphs`` buckets, new shapes run eagerly, with one warning.
+
+The slot buckets are a small pure rule (:func:`bucket_slots`); whether compiling pays is another
+(:func:`compile_pays`), read from measured step costs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+from typing import Any, Callable, Hashable
+
+import torch
+
+COMPILE_CHOICES = (True, False, "auto")
+
+
+def check_compile(compile: Any) -> None:
+    """``compile`` must be True, False or "auto"."""
+    if not any(compile is c or (isinstance(c, str) and compile == c) for c in COMPILE_CHOICES):
+        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
+
+
+def bucket_slots(needed: int, total: int, parts: int = 2) -> int:
+    """The cache slots a step attends: ``needed`` (its furthest position + 1) rounded up to a
+    multiple of ``ceil(total / parts)``, at most ``total``. Attention over slots no token has yet
+    costs a static step at large batches; ``parts`` buckets of the cache bound that waste to
+    ``1 / parts`` of it, at ``parts`` graphs per window."""
+    if not 1 <= needed <= total:
+        raise ValueError(f"{needed} slots needed of a cache of {total}")
+    part = math.ceil(total / parts)
+    return min(total, math.ceil(needed / part) * part)
+
+
+def compile_pays(eager_s: float, compiled_s: float, compile_s: float, steps: int) -> bool:
+    """Whether compiling a step pays in one call: ``steps * (eager_s - compiled_s) > compile_s``,
+    seconds per eager and compiled step, and what compiling took when it was measured."""
+    return steps * (eager_s - compiled_s) > compile_s
+
+
+def inductor_cache_dir() -> str:
+    """Where torch keeps compiled code across processes (``$TORCHINDUCTOR_CACHE_DIR`` or its
+    default under the temporary folder)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or cache_dir()
+
+
+class StepCompiler:
+    """One compiled function, called with a bucket key that names the shapes of its arguments.
+
+    ``name`` describes the step in messages; ``describe(key)`` its bucket. ``compile_s`` holds
+    each compiled bucket's first-call seconds (the compile), ``eager`` the buckets that ran eagerly
+    past ``max_graphs``.
+    """
+
+    def __init__(self, fn: Callable, name: str, describe: Callable[[Hashable], str] = str, max_graphs: int = 48,
+                 mode: str | None = None):
+        self.fn, self.name, self.describe, self.max_graphs = fn, name, describe, max_graphs
+        self.compiled = torch.compile(fn, dynamic=False, mode=mode)
+        self.compile_s: dict[Hashable, float] = {}
+        self.eager: set[Hashable] = set()
+
+    def __call__(self, key: Hashable, *args):
+        if key in self.compile_s:
+            try:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    return self.compiled(*args)
+            except RuntimeError as e:
+                if "recompil" not in str(e).lower():
+                    raise
+                raise RuntimeError(f"{self.name}: torch wanted to recompile the already compiled bucket "
+                                   f"{self.describe(key)}; something about its inputs changed (dtype, device, "
+                                   f"or a tensor's layout). Call again with compile=False.") from e
+        if key in self.eager or len(self.compile_s) >= self.max_graphs:
+            if not self.eager:
+                warnings.warn(f"{self.name}: {len(self.compile_s)} shape buckets are compiled already; new ones "
+                              f"(first: {self.describe(key)}) run eagerly, without compiling", stacklevel=2)
+            self.eager.add(key)
+            return self.fn(*args)
+        print(f"compiling {self.name} for {self.describe(key)}: once per shape in this process (torch keeps the "
+              f"code in {inductor_cache_dir()}, so later processes compile faster)", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            with torch._dynamo.config.patch(recompile_limit=self.max_graphs + 8,
+                                            accumulated_recompile_limit=max(256, 2 * self.max_graphs)):
+                out = self.compiled(*args)
+        except Exception as e:  # inductor raises many kinds: no C++ compiler, an unsupported device, ...
+            raise RuntimeError(f"{self.name}: torch could not compile the step on this machine "
+                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                               f"use compile=False") from e
+        self.compile_s[key] = time.perf_counter() - t0
+        return out
