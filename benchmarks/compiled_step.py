@@ -10,11 +10,13 @@ it times ``forward_window`` three ways, as medians of ``--repeats`` calls after 
   synchronisation a step to read that position);
 - static: ``static_step=True``, every cache slot masked instead: fixed shapes, no host
   synchronisation;
-- compiled: the static step through ``torch.compile(dynamic=False)``, whose first call (reported)
-  compiles it.
+- compiled: ``compile_step(True)``, the static step through ``torch.compile`` at the slot bucket
+  of the window (half or all of the cache), after ``precompile`` (reported: compiling both slot
+  buckets of the window; with torch's on-disk cache warm, much less than a first compile).
 
-It prints milliseconds per forward, the compile time, and the largest difference of the logits
-from eager's. The arithmetic of a step is reported beside them (``--profile``: the time in matmul
+It prints milliseconds per forward, the compile time, the largest difference of the logits from
+eager's, and the compiled step's arithmetic rate (FLOPs counted by torch's FLOP counter) against
+the machine's float32 matmul rate measured on 2048 x 2048 products. The arithmetic of a step is reported beside them (``--profile``: the time in matmul
 and attention kernels against the rest).
 """
 
@@ -48,6 +50,21 @@ def kernel_share(fn, calls: int = 30) -> float:
     return kernels / total
 
 
+def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> float:
+    """The machine's float32 matmul rate (FLOP/s): the median of n x n by n x n products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n ** 3 / (median_ms(lambda: a @ b, repeats, warmup=2) / 1e3)
+
+
+def step_flops(fn) -> int:
+    """The FLOPs of one call of ``fn`` (torch's FLOP counter: matmuls and attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="pipeline folder or shipped name (default: the shipped shapes model)")
@@ -63,9 +80,12 @@ def main(argv=None) -> int:
     pipe = VisualSpecPipeline.from_pretrained(folder)
     model = pipe.transformer.eval()
     sampling = SamplingConfig(guidance_scale=pipe.config.default_guidance_scale)
-    print(f"{folder}: {machine_name('cpu')}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print("| batch | W | eager ms | static ms | compiled ms | compile s | max abs diff | kernel share (eager) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    peak = matmul_peak_flops()
+    print(f"{folder}: {machine_name('cpu')}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"float32 matmul peak {peak / 1e9:.0f} GFLOP/s (2048 x 2048 products)")
+    print("| batch | W | eager ms | static ms | compiled ms | compile s | max abs diff | kernel share (eager) | "
+          "GFLOP/s compiled | share of peak |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     with torch.no_grad():
         for batch in args.batch_sizes:
             prefix = pipe._prefix(model, pipe._conditions(["a photo of a red circle"] * batch, None, 1), sampling)
@@ -76,21 +96,25 @@ def main(argv=None) -> int:
                 model.static_step = False
                 model.prefill(prefix, model.config.block_size)
                 eager = model.forward_window(tokens, start)
+                flops = step_flops(lambda: model.forward_window(tokens, start))
                 eager_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
                 share = kernel_share(lambda: model.forward_window(tokens, start)) if args.profile else float("nan")
                 model.static_step = True
                 model.prefill(prefix, model.config.block_size)
                 static_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
-                compiled = torch.compile(model.forward_window, dynamic=False)
-                t0 = time.perf_counter()
-                out = compiled(tokens, start)
-                compile_s = time.perf_counter() - t0
-                compiled_ms = median_ms(lambda: compiled(tokens, start), args.repeats)
-                diff = (out - eager).abs().max().item()
                 model.static_step = False
-                torch._dynamo.reset()
+                model.compile_step(True)  # the shipped compiled step: static, half of the cache slots a bucket
+                t0 = time.perf_counter()
+                model.precompile(prefix, model.config.block_size, [W])
+                compile_s = time.perf_counter() - t0
+                model.prefill(prefix, model.config.block_size)
+                out = model.forward_window(tokens, start)
+                compiled_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
+                diff = (out - eager).abs().max().item()
+                model.compile_step(False)
+                rate = flops / (compiled_ms / 1e3)
                 print(f"| {batch} | {W} | {eager_ms:.2f} | {static_ms:.2f} | {compiled_ms:.2f} | {compile_s:.1f} | "
-                      f"{diff:.1e} | {share:.2f} |", flush=True)
+                      f"{diff:.1e} | {share:.2f} | {rate / 1e9:.1f} | {rate / peak:.3f} |", flush=True)
     return 0
 
 

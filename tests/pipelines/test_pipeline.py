@@ -89,7 +89,10 @@ def test_proactive_drafting_runs_through_the_pipeline(pipe):
     assert out.stats.mode == "sjd+pd" and out.stats.sibling_steps > 0
     assert out.stats.to_dict()["sibling_steps"] == out.stats.sibling_steps
     assert "sibling_steps" not in pipe(PROMPT, decoding="sjd", seed=0, output_type="latent").stats.to_dict()
-    assert pipe.bench_mode("sjd+coupling+pd") == dict(decoding="sjd", coupling=True, siblings=3, sibling_depth=2)
+    assert pipe.bench_mode("sjd+coupling+pd") == dict(decoding="sjd", coupling=True, siblings=3, sibling_depth=2,
+                                                      compile=False)
+    assert pipe.bench_mode("sjd+coupling+pd+compiled") == dict(decoding="sjd", coupling=True, siblings=3,
+                                                               sibling_depth=2, compile=True)
     with pytest.raises(ValueError, match="unknown benchmark mode"):
         pipe.bench_mode("sjd+pd+pd")
 

@@ -1,0 +1,102 @@
+"""What a decode step costs beside its target forward, eager and compiled (#48).
+
+    python benchmarks/step_overhead.py                       # shapes model, batch 1, 4 and 16
+    python benchmarks/step_overhead.py --batch-sizes 1 --modes ar sjd --images 8
+
+For each batch size and mode (a bench mode of the pipeline: ``ar``, ``sjd``, ...; each eager and
+``+compiled``), it generates ``--images`` images (after one untimed warm-up call that measures the
+window costs and compiles), timing two things inside the same calls:
+
+- the decode loop (``visualspec.core.engine.decode``: prefill, every step, the commits);
+- the target's window forwards inside it (``forward_window``).
+
+It prints per image the seconds and target forwards, and per step the milliseconds of the whole
+step, of its forward, and their ratio (the engine's own work is the rest: drafting, the rule,
+bookkeeping). The issue's target is a step of at most 1.15x its forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import visualspec.pipelines.llamagen as family  # noqa: E402
+from visualspec import VisualSpecPipeline  # noqa: E402
+from visualspec.core.window_costs import machine_name  # noqa: E402
+from visualspec.tools.bench import DEFAULT_PROMPTS  # noqa: E402
+from visualspec.tools.loading import default_model, shipped_or_path  # noqa: E402
+
+
+class Timers:
+    """Seconds inside ``decode`` and inside the target's ``forward_window``, with call counts."""
+
+    def __init__(self, model):
+        self.decode_s = self.forward_s = 0.0
+        self.forwards = 0
+        decode, forward = family.decode, model.forward_window
+
+        def timed_decode(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return decode(*args, **kwargs)
+            finally:
+                self.decode_s += time.perf_counter() - t0
+
+        def timed_forward(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.forward_s += time.perf_counter() - t0
+                self.forwards += 1
+
+        family.decode, model.forward_window = timed_decode, timed_forward
+        self._restore = lambda: (setattr(family, "decode", decode), delattr(model, "forward_window"))
+
+    def close(self):
+        self._restore()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="pipeline folder or shipped name (default: the shipped shapes model)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--modes", nargs="+", default=["ar", "sjd"])
+    parser.add_argument("--images", type=int, default=8, help="images per mode and batch size")
+    args = parser.parse_args(argv)
+    folder = shipped_or_path(args.model) if args.model else default_model()[0]
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    model = pipe.transformer
+    print(f"{folder}: {machine_name('cpu')}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("| batch | mode | s/image | forwards/image | step ms | forward ms | step / forward |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for batch in args.batch_sizes:
+        images = max(args.images, batch)
+        prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(images)]
+        for mode in [m + suffix for m in args.modes for suffix in ("", "+compiled")]:
+            settings = type(pipe).bench_mode(mode)
+            pipe(prompts[:batch], batch_size=batch, seed=0, output_type="latent", **settings)  # warm-up, untimed
+            timers = Timers(model)
+            try:
+                t0 = time.perf_counter()
+                for s in range(0, images, batch):
+                    pipe(prompts[s:s + batch], batch_size=batch, seed=s, output_type="latent", **settings)
+                seconds = time.perf_counter() - t0
+            finally:
+                timers.close()
+            steps = timers.forwards
+            print(f"| {batch} | {mode} | {seconds / images:.3f} | {steps * batch / images:.1f} | "
+                  f"{timers.decode_s / steps * 1e3:.2f} | {timers.forward_s / steps * 1e3:.2f} | "
+                  f"{timers.decode_s / timers.forward_s:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
