@@ -214,8 +214,8 @@ def test_measure_window_costs_keeps_a_dynamic_cache_consistent():
 def counted(monkeypatch):
     calls = []
 
-    def fake_measure(model, prefix, max_new_tokens, windows, repeats=5, forward=None, warmup=None):
-        calls.append((prefix.shape[0], tuple(windows)))
+    def fake_measure(model, prefix, max_new_tokens, windows, repeats=5, forward=None, warmup=None, start=None):
+        calls.append((prefix.shape[0], tuple(windows)) + (() if start is None else (start,)))
         if warmup is not None:
             warmup.update({w: 2.0 for w in windows})  # a compiled step's first calls compile
         return {w: 1e-3 * w * prefix.shape[0] for w in windows}
@@ -249,12 +249,20 @@ def test_a_compiled_step_keeps_its_costs_and_compile_times_apart(tmp_path, count
     eager = cached_window_costs(model, prefix, 16, windows=(1, 2), cache_dir=tmp_path)
     model._compiled = True  # what compile_step(True) switches: the tables of another step
     compiled = cached_window_costs(model, prefix, 16, windows=(1, 2), cache_dir=tmp_path)
-    assert len(counted) == 2 and eager == compiled  # the fake measures both alike; the keys differ
+    # measured at a quarter and three quarters of the sequence (its slot buckets), and averaged
+    assert counted[1:] == [(4, (1, 2), 4), (4, (1, 2), 12)] and eager == compiled
     stored = json.loads((tmp_path / "window_costs.json").read_text())
     assert sorted(key.split("|new=16")[1] for key in stored) == ["", "|compiled", "|compiled|compile-s"]
-    assert win.stored_window_costs(model, 4, 16, compiled=True, tag="compile-s", cache_dir=tmp_path) == {1: 2.0, 2: 2.0}
+    compile_s = win.stored_window_costs(model, 4, 16, compiled=True, tag="compile-s", cache_dir=tmp_path)
+    assert compile_s == {1: 4.0, 2: 4.0}  # the first calls at both starts: both buckets compiled
     assert win.stored_window_costs(model, 4, 16, compiled=False, cache_dir=tmp_path) == eager
     assert win.stored_window_costs(model, 8, 16, compiled=False, cache_dir=tmp_path) == {}  # none stored
+
+
+@pytest.mark.parametrize("n, windows, expected", [(256, [1, 32], [64, 192]), (16, [1, 8], [4, 8]),
+                                                  (8, [8], [0]), (256, [1, 100], [64, 156])])
+def test_a_compiled_step_is_timed_at_a_quarter_and_three_quarters(n, windows, expected):
+    assert win.quarter_starts(n, windows) == expected
 
 
 def test_cost_cache_keys_differ_by_batch_and_model(tmp_path, counted, monkeypatch):
