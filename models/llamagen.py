@@ -422,7 +422,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         B, L = tokens.shape[:2]  # (B, L) token ids, or (B, L, D) continuous tokens of a subclass
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         pos = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(max=self._max_new - 1)
-        if self._compiled and L <= COMPILED_WINDOWS:
+        if self._compiled and L <= COMPILED_WINDOWS and 2 * B > self._key_valid.shape[0]:
             return self._compiled_window(tokens, pos)
         return self._window(tokens, pos)
 
@@ -436,7 +436,10 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
     def compile_step(self, enabled: bool = True, mode: str | None = None) -> None:
         """Run :meth:`forward_window` through ``torch.compile`` (``enabled=False``: the eager step
         again). The compiled step is static: it runs every cache row (rows that finished write
-        only into their own unused rows) and attends a bucket of the cache slots
+        only into their own unused rows; once half of them have finished, the eager step runs the
+        rest, which costs less than all the rows: SJD at batch 16 went from 0.8-0.9x to 1.0x the
+        compiled AR, docs/experiments/2026-11-27-compiled-decode-cpu.md) and attends a bucket of
+        the cache slots
         (:func:`~visualspec.core.compiled.bucket_slots`), so a decode needs two graphs per window
         length, compiled once each (:meth:`precompile`, announced) and never mid-step. ``mode`` is ``torch.compile``'s. Trees,
         prefills and refills stay eager."""

@@ -2,6 +2,8 @@
 once and announced, no silent recompile, a clear error when torch cannot compile), and a compiled
 LlamaGen step that gives the eager step's logits and tokens."""
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -117,6 +119,11 @@ def test_compiled_windows_give_the_eager_logits_and_finished_rows_stay_out(compi
         model.select(torch.tensor([0, 2]))
     torch.testing.assert_close(compiled.forward_window(tokens[[0, 2], 14:15], 14),
                                eager.forward_window(tokens[[0, 2], 14:15], 14))
+    for model in (eager, compiled):  # one live row of three: the eager step runs it (all three cost more)
+        model.select(torch.tensor([1]))
+    with mock.patch.object(compiled, "_compiled_window", side_effect=AssertionError("the compiled step ran")):
+        torch.testing.assert_close(compiled.forward_window(tokens[[2], 15:16], 15),
+                                   eager.forward_window(tokens[[2], 15:16], 15))
     assert set(compiled._compiler.compile_s) == graphs  # nothing compiled after precompile
 
 
