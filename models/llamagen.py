@@ -467,7 +467,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         todo = [(window, attended) for window in sorted({int(w) for w in windows if 1 <= w <= min(max_new_tokens,
                                                                                                  COMPILED_WINDOWS)})
                 for attended in sorted({bucket_slots(n, total) for n in range(cls + window, total + 1)})
-                if (rows, window, attended, total, total, dtype, torch.is_grad_enabled()) not in self._compiler.compile_s]
+                if _bucket(rows, window, attended, total, total, dtype, cond.device) not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)
         for window, attended in todo:
@@ -485,7 +485,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             tokens = torch.cat([tokens, tokens.new_zeros(rows - B, *tokens.shape[1:])])
             pos = torch.cat([pos, pos.new_zeros(rows - B, L)])
         cache = self._cache[0][0]  # its slots grow past ``total`` once a tree needs scratch slots
-        key = (rows, L, attended, total, cache.shape[2], cache.dtype, torch.is_grad_enabled())
+        key = _bucket(rows, L, attended, total, cache.shape[2], cache.dtype, cache.device)
         return self._compiler(key, tokens.contiguous(), pos.contiguous(), attended)[:B]  # one layout per bucket
 
     def crop(self, lengths) -> None:
@@ -564,6 +564,11 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 COMPILED_WINDOWS = 32  # the longest window the compiled step takes (the window search's largest)
 
 
+def _bucket(rows, window, attended, total, cache_slots, dtype, device) -> tuple:
+    """The key of a compiled graph: the shapes, dtype and device it runs at, and the grad mode."""
+    return rows, window, attended, total, cache_slots, dtype, device, torch.is_grad_enabled()
+
+
 def _describe_bucket(key) -> str:
-    rows, window, attended, total, _, _, _ = key
+    rows, window, attended, total, _, _, _, _ = key
     return f"{rows} model rows, window {window}, {attended} of {total} cache slots"
