@@ -43,7 +43,9 @@ def test_bench_runs_every_mode_side_by_side(home):
     report = json.loads(report.read_text())
     assert "device" not in report["machine"]  # on a CPU the CPU is the machine; an accelerator is named
     result = report["results"]
-    assert set(result) == {"ar", "sjd", "sjd+coupling", "lantern", "gsd"}
+    assert set(result) == {"ar", "ar+compiled", "sjd", "sjd+coupling", "lantern", "gsd"}
+    assert report["baseline"] in ("ar", "ar+compiled")  # the fastest AR of the run
+    assert result[report["baseline"]]["speedup_vs_ar"] == 1
     assert result["ar"]["target_forwards_per_image"] == 256 and result["ar"]["forwards_ratio_to_ar"] == 1
     assert result["sjd"]["target_forwards_per_image"] < 256
 
