@@ -33,6 +33,17 @@ from visualspec.tools.bench import DEFAULT_PROMPTS  # noqa: E402
 from visualspec.tools.loading import default_model, shipped_or_path  # noqa: E402
 
 
+def timed(fn, record):
+    """``fn``, calling ``record(seconds)`` after each call."""
+    def call(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - t0)
+    return call
+
+
 class Timers:
     """Seconds inside ``decode`` and inside the target's ``forward_window``, with call counts."""
 
@@ -41,22 +52,14 @@ class Timers:
         self.forwards = 0
         decode, forward = family.decode, model.forward_window
 
-        def timed_decode(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return decode(*args, **kwargs)
-            finally:
-                self.decode_s += time.perf_counter() - t0
+        def add_decode(seconds):
+            self.decode_s += seconds
 
-        def timed_forward(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                self.forward_s += time.perf_counter() - t0
-                self.forwards += 1
+        def add_forward(seconds):
+            self.forward_s += seconds
+            self.forwards += 1
 
-        family.decode, model.forward_window = timed_decode, timed_forward
+        family.decode, model.forward_window = timed(decode, add_decode), timed(forward, add_forward)
         self._restore = lambda: (setattr(family, "decode", decode), delattr(model, "forward_window"))
 
     def close(self):

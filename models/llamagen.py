@@ -435,18 +435,18 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     def compile_step(self, enabled: bool = True, mode: str | None = None) -> None:
         """Run :meth:`forward_window` through ``torch.compile`` (``enabled=False``: the eager step
-        again). The compiled step is static: it runs every cache row (rows that finished write
-        only into their own unused rows; once half of them have finished, the eager step runs the
-        rest, which costs less than all the rows: SJD at batch 16 went from 0.8-0.9x to 1.0x the
-        compiled AR, docs/experiments/2026-11-27-compiled-decode-cpu.md) and attends a bucket of
-        the cache slots
-        (:func:`~visualspec.core.compiled.bucket_slots`), so a decode needs two graphs per window
-        length, compiled once each (:meth:`precompile`, announced) and never mid-step. ``mode`` is ``torch.compile``'s. Trees,
-        prefills and refills stay eager."""
-        if enabled and (self._compiler is None or self._compiler_mode != mode):
+        again); ``mode`` is ``torch.compile``'s.
+
+        The compiled step is static. It runs every cache row: rows that finished write only into
+        their own unused rows, and once half of them have finished, the eager step runs the rest,
+        which costs less than all the rows (SJD at batch 16 went from 0.8-0.9x to 1.0x the compiled
+        AR, docs/experiments/2026-11-27-compiled-decode-cpu.md). It attends a bucket of the cache
+        slots (:func:`~visualspec.core.compiled.bucket_slots`). So a decode needs two graphs per
+        window length, compiled once each (:meth:`precompile`, announced) and never mid-step.
+        Trees, prefills and refills stay eager."""
+        if enabled and (self._compiler is None or self._compiler.mode != mode):
             self._compiler = StepCompiler(self._window, f"the {type(self).__name__} decode step",
                                           describe=_describe_bucket, mode=mode)
-            self._compiler_mode = mode
         self._compiled = bool(enabled)
 
     @property
@@ -464,9 +464,10 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         rows, cls = cond.shape[0], self.config.cls_token_num
         total = cls + max_new_tokens
         dtype = self.tok_embeddings.weight.dtype
-        todo = [(window, attended) for window in sorted({int(w) for w in windows if 1 <= w <= min(max_new_tokens,
-                                                                                                 COMPILED_WINDOWS)})
-                for attended in sorted({bucket_slots(n, total) for n in range(cls + window, total + 1)})
+        lengths = sorted({int(w) for w in windows if 1 <= w <= min(max_new_tokens, COMPILED_WINDOWS)})
+        buckets = [(window, attended) for window in lengths
+                   for attended in sorted({bucket_slots(n, total) for n in range(cls + window, total + 1)})]
+        todo = [(window, attended) for window, attended in buckets
                 if _bucket(rows, window, attended, total, total, dtype, cond.device) not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)

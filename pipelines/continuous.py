@@ -44,7 +44,7 @@ class ContinuousARPipeline(PromptConditioning, ImagePipeline):
         return ("ar", "cspd") if self.draft_model is not None else ("ar",)
 
     @classmethod
-    def bench_mode(cls, mode: str) -> dict:
+    def bench_settings(cls, mode: str) -> dict:
         """A mode, optionally ``@N`` for N diffusion-head steps per token (``ar@25``: the
         fewer-steps baseline)."""
         name, _, steps = mode.partition("@")
@@ -53,7 +53,7 @@ class ContinuousARPipeline(PromptConditioning, ImagePipeline):
         if steps:
             raise ValueError(f"unknown benchmark mode {mode!r}: it is not built for {cls.display_name}; choose "
                              f"from {', '.join(cls.bench_modes)}, each optionally @STEPS")
-        return super().bench_mode(mode)
+        return super().bench_settings(mode)
 
     def __init__(self, transformer: ContinuousARTransformer, vae: KLAutoencoder, text_encoder=None, tokenizer=None,
                  draft_model: ContinuousARTransformer | None = None, default_guidance_scale: float = 3.0,

@@ -5,7 +5,7 @@ A pipeline family subclasses :class:`ImagePipeline` and declares
 
 - ``display_name``: how messages name it (``"MAR"``, ``"a unified-vocabulary model"``);
 - ``decoding_modes`` and :meth:`ImagePipeline.default_decoding`: the values of ``decoding=``;
-- ``bench_modes`` / ``default_bench_modes`` (and :meth:`ImagePipeline.bench_mode` for spelled
+- ``bench_modes`` / ``default_bench_modes`` (and :meth:`ImagePipeline.bench_settings` for spelled
   combinations): what ``visualspec bench`` can compare, as ``__call__`` arguments;
 - its call options: read from the ``__call__`` signature (:meth:`ImagePipeline.call_options`);
 - :meth:`ImagePipeline.acceptance_grid`: the raster grid of :meth:`ImagePipeline.acceptance_map`,
@@ -113,8 +113,13 @@ class ImagePipeline(VisualSpecPipeline):
         compiles = "compile" in cls.call_options()
         if compiles and mode.endswith("+compiled"):
             return {**cls.bench_mode(mode[:-len("+compiled")]), "compile": True}
+        return {**cls.bench_settings(mode), **({"compile": False} if compiles else {})}
+
+    @classmethod
+    def bench_settings(cls, mode: str) -> dict:
+        """The decoding arguments of benchmark mode ``mode`` (:meth:`bench_mode` adds ``compile``)."""
         if mode in cls.bench_modes:
-            return {**cls.bench_modes[mode], **({"compile": False} if compiles else {})}
+            return dict(cls.bench_modes[mode])
         if not cls.bench_modes:
             raise ValueError(f"bench compares decodings of one model; {cls.display_name} has one: time it with "
                              f"generate --stats")
@@ -249,16 +254,19 @@ def compiled_step(model, compile, prefix_of: Callable[[int], Any], num_tokens: i
         if compile is True:
             raise ValueError(f"compile=True: {type(model).__name__} has no compiled step yet; use compile=False")
         return False
+    if compile is False:
+        model.compile_step(False)
+        return False
     prefix = prefix_of(slots)
-    rows = prefix_rows(prefix)
     if compile == "auto":
+        rows = prefix_rows(prefix)
         eager = stored_window_costs(model, rows, num_tokens, compiled=False)
         fast = stored_window_costs(model, rows, num_tokens, compiled=True)
         compile_s = stored_window_costs(model, rows, num_tokens, compiled=True, tag="compile-s")
         steps = num_tokens * -(-images // slots)
         compile = (1 in eager and 1 in fast and bool(compile_s)
                    and compile_pays(eager[1], fast[1], sum(compile_s.values()), steps))
-    elif compile:
+    else:
         model.compile_step(False)
         cached_window_costs(model, prefix, num_tokens, windows=(1,))
         model.compile_step(True)
@@ -295,7 +303,7 @@ class TokenImagePipeline(ImagePipeline):
     draft positions) for the decodings the family has."""
 
     @classmethod
-    def bench_mode(cls, mode: str) -> dict:
+    def bench_settings(cls, mode: str) -> dict:
         decoding, *extras = mode.split("+")
         if mode not in cls.bench_modes and decoding in cls.bench_modes and extras \
                 and len(set(extras)) == len(extras):
@@ -306,8 +314,8 @@ class TokenImagePipeline(ImagePipeline):
                     break
                 combined.update({k: v for k, v in part.items() if k != "decoding" and (k != "coupling" or v)})
             else:
-                return {**combined, **({"compile": False} if "compile" in cls.call_options() else {})}
-        return super().bench_mode(mode)
+                return combined
+        return super().bench_settings(mode)
 
     def check_token_options(self, decoding, window, jacobi_init, coupling, lantern_k=None, lantern_delta=None,
                             lantern_lambda=None) -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from visualspec import VisualSpecPipeline
+from visualspec.core.compiled import compile_pays
 from visualspec.models.llamagen import LlamaGenGPT
 from visualspec.models.llamagen_vq import LlamaGenVQModel
 from visualspec.pipelines import LlamaGenPipeline
@@ -300,9 +301,13 @@ def test_the_compiled_step_gives_the_eager_greedy_images(pipe, tmp_path, monkeyp
     assert "compiling the LlamaGenGPT decode step" in capsys.readouterr().err
     again = pipe(PROMPT, compile=True, **kw)  # every bucket compiled: nothing more to do or say
     assert torch.equal(again.images, ref.images) and capsys.readouterr().err == ""
-    # compile=True measured the one-token step both ways, for "auto" to weigh later
-    assert len(list(json.loads((tmp_path / "window_costs.json").read_text()))) == 3
-    assert pipe(PROMPT, **kw).stats.mode == "sjd"  # auto: a 256-token image does not repay a compile here
+    # compile=True measured the one-token step both ways, for "auto" to weigh later: it follows them
+    stored = json.loads((tmp_path / "window_costs.json").read_text())
+    assert len(stored) == 3
+    eager, fast, compile_s = (next(t for k, t in stored.items() if k.endswith(end))
+                              for end in ("new=256", "|compiled", "|compile-s"))
+    pays = compile_pays(eager["1"], fast["1"], sum(compile_s.values()), 256)
+    assert pipe(PROMPT, **kw).stats.mode == ("sjd+compiled" if pays else "sjd")
 
 
 @pytest.mark.parametrize("images, stored, compiles", [

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 import warnings
 from typing import Any, Callable, Hashable
 
 import torch
+
+from .window_costs import announce
 
 COMPILE_CHOICES = (True, False, "auto")
 
@@ -63,14 +64,15 @@ def inductor_cache_dir() -> str:
 class StepCompiler:
     """One compiled function, called with a bucket key that names the shapes of its arguments.
 
-    ``name`` describes the step in messages; ``describe(key)`` its bucket. ``compile_s`` holds
+    ``name`` describes the step in messages; ``describe(key)`` its bucket; ``mode`` is
+    ``torch.compile``'s. ``compile_s`` holds
     each compiled bucket's first-call seconds (the compile), ``eager`` the buckets that ran eagerly
     past ``max_graphs``.
     """
 
     def __init__(self, fn: Callable, name: str, describe: Callable[[Hashable], str] = str, max_graphs: int = 48,
                  mode: str | None = None):
-        self.fn, self.name, self.describe, self.max_graphs = fn, name, describe, max_graphs
+        self.fn, self.name, self.describe, self.max_graphs, self.mode = fn, name, describe, max_graphs, mode
         self.compiled = torch.compile(fn, dynamic=False, mode=mode)
         self.compile_s: dict[Hashable, float] = {}
         self.eager: set[Hashable] = set()
@@ -92,8 +94,8 @@ class StepCompiler:
                               f"(first: {self.describe(key)}) run eagerly, without compiling", stacklevel=2)
             self.eager.add(key)
             return self.fn(*args)
-        print(f"compiling {self.name} for {self.describe(key)}: once per shape in this process (torch keeps the "
-              f"code in {inductor_cache_dir()}, so later processes compile faster)", file=sys.stderr, flush=True)
+        announce(f"compiling {self.name} for {self.describe(key)}: once per shape in this process (torch keeps the "
+                 f"code in {inductor_cache_dir()}, so later processes compile faster)")
         t0 = time.perf_counter()
         try:
             with torch._dynamo.config.patch(recompile_limit=self.max_graphs + 8,
