@@ -40,6 +40,16 @@ def tiny_hf(family="llama", seed=0, vocab_size=64, dtype=torch.float64):
     return model.to(dtype).eval()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def visualspec_home(tmp_path_factory):
+    """The suite's own VISUALSPEC_HOME: tests neither read what this machine measured or compiled
+    (which would change what ``window="auto"`` or ``compile="auto"`` choose, test by test) nor
+    write into the user's cache. A test that needs a fresh one sets its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VISUALSPEC_HOME", str(tmp_path_factory.mktemp("visualspec-home")))
+        yield
+
+
 @pytest.fixture
 def make_tiny_llamagen():
     return tiny_llamagen

@@ -273,7 +273,7 @@ def test_cost_cache_keys_differ_by_batch_and_model(tmp_path, counted, monkeypatc
     other = tiny_llamagen(vocab_size=16, block_size=16, n_layer=3)
     cached_window_costs(other, torch.zeros(2, dtype=torch.long), 16, cache_dir=tmp_path)
     assert len(counted) == 3
-    monkeypatch.setenv("VISUALSPEC_CACHE", str(tmp_path))  # the same file through the environment
+    monkeypatch.setenv("VISUALSPEC_HOME", str(tmp_path))  # the same file through the environment
     cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16)
     assert len(counted) == 3
     assert len(json.loads((tmp_path / "window_costs.json").read_text())) == 3

@@ -292,7 +292,7 @@ def test_written_out_training_attention_matches_the_fused_kernel(masked):
 
 
 def test_the_compiled_step_gives_the_eager_greedy_images(pipe, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("VISUALSPEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("VISUALSPEC_HOME", str(tmp_path))
     kw = dict(decoding="sjd", window=4, temperature=0, output_type="latent")
     ref = pipe(PROMPT, compile=False, **kw)
     out = pipe(PROMPT, compile=True, **kw)

@@ -221,7 +221,6 @@ def test_bench_measures_window_costs_only_before_it_times(home, monkeypatch):
     from visualspec.pipelines.tiny import tiny_unified_pipeline
     from visualspec.tools.bench import run_benchmark
 
-    monkeypatch.setenv("VISUALSPEC_CACHE", str(home / "costs"))  # nothing measured yet, whatever ran before
     pipe = tiny_unified_pipeline(seed=0)
     pipe.set_progress_bar_config(disable=True)
     calls, measured_after = [], []

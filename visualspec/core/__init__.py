@@ -14,6 +14,7 @@ statistics and the losslessness harness.
 - ``continuous``: CSpD's rule for continuous tokens and their loop, ``decode_continuous``;
 - ``window``: choosing the window (``WindowPolicy``, ``WindowSearch``);
 - ``window_costs``: measuring window costs and their disk cache;
+- ``home``: the folder of what visualspec makes on this machine (``$VISUALSPEC_HOME``);
 - ``stats``: ``DecodeStats``;
 - ``lossless``: the losslessness harness (exact distributions, chi-square test).
 

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from .checks import check_positive_int
+from .home import home
 from .window import WINDOWS, prefix_rows
 
 CACHE_FILE = "window_costs.json"
@@ -168,9 +169,8 @@ def cost_signature(model, rows: int, max_new_tokens: int, compiled: bool | None 
 
 
 def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``window_costs.json`` under ``cache_dir``, ``$VISUALSPEC_CACHE`` or ``~/.cache/visualspec``."""
-    folder = cache_dir or os.environ.get("VISUALSPEC_CACHE") or Path.home() / ".cache" / "visualspec"
-    return Path(folder) / CACHE_FILE
+    """``window_costs.json`` under ``cache_dir``, else under visualspec's home (:func:`home`)."""
+    return Path(cache_dir or home()) / CACHE_FILE
 
 
 def _read_tables(path: Path) -> dict[str, dict[int, float]]:

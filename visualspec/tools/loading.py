@@ -6,9 +6,11 @@ import os
 import sys
 from pathlib import Path
 
+from ..core.home import home
+
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VISUALSPEC_HOME", Path.home() / ".cache" / "visualspec"))
+    return home()
 
 
 def default_model() -> tuple[str, str]:
