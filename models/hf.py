@@ -4,11 +4,53 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
+import weakref
 
 import torch
 
+from visualspec.core.compiled import StepCompiler
+
 # the per-row state beside the cache (what select, branch and refill carry along)
 _ROW_STATE = ("prefix_mask", "first_position", "column_position", "column_valid")
+
+STATIC_ROUND = 128  # a static cache's length is a multiple of this: one compiled graph per multiple
+STATIC_SLACK = 64   # columns past prefix + new tokens for the windows and trees in flight
+COMPILED_WINDOWS = 32  # the longest window the compiled step takes; longer ones (prefills) run eagerly
+
+# one step compiler per transformers model, whichever adapter runs it: a later call with the same
+# model (a new HFCausalLM each generate_text call) finds its buckets compiled
+_COMPILERS: "weakref.WeakKeyDictionary[torch.nn.Module, StepCompiler]" = weakref.WeakKeyDictionary()
+
+
+def static_length(needed: int, round_to: int = STATIC_ROUND) -> int:
+    """The columns of a static cache that must hold ``needed``: ``ceil(needed / round_to) * round_to``."""
+    return math.ceil(needed / round_to) * round_to
+
+
+def window_bucket(length: int) -> int:
+    """The compiled window a window of ``length`` tokens runs in: the next power of two,
+    ``2 ** ceil(log2(length))``, so windows 1 to 32 need six graphs, not 32 (the padding
+    tokens' logits are dropped and their cache columns given back)."""
+    if length < 1:
+        raise ValueError(f"a window has at least one token, got {length}")
+    return 1 << (length - 1).bit_length()
+
+
+def visible(valid: torch.Tensor, start: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, 1, L, M) bool: key column c is visible to query i of a window fed at columns
+    ``start .. start + L - 1`` iff ``valid[b, c]`` and ``c <= start + i`` (causal), for
+    ``valid`` (B, M) and a 0-d ``start``."""
+    columns = torch.arange(valid.shape[1], device=valid.device)
+    queries = start + torch.arange(length, device=valid.device)
+    return valid[:, None, None, :] & (columns[None, :] <= queries[:, None])[None, None]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as the additive float mask transformers takes: 0 where allowed, the dtype's
+    lowest value elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed,
+                                                                                         torch.finfo(dtype).min)
 
 
 class HFCausalLM:
@@ -27,9 +69,14 @@ class HFCausalLM:
     Without ``head_rows`` the adapter returns the model's own full logits, or with ``raw_head=True``
     the LM head applied to the base model's output: transformers' Chameleon sets the image tokens'
     logits to the lowest float (it only generates text), and image generation needs them.
+
+    ``static=True`` keeps the cache in transformers' ``StaticCache`` instead: fixed buffers of
+    :func:`static_length` columns, written in place, every forward given its full (B, 1, L, M)
+    mask (:func:`visible`), so a window's forward has the same shapes at every step. That is what
+    :meth:`compile_step` compiles.
     """
 
-    def __init__(self, model, head_rows=None, raw_head: bool = False):
+    def __init__(self, model, head_rows=None, raw_head: bool = False, static: bool = False):
         from transformers import DynamicCache  # noqa: F401  (fail early if transformers is missing)
 
         if not getattr(model.config, "use_cache", True):
@@ -42,6 +89,10 @@ class HFCausalLM:
         self.cache = None
         self.head_rows = None
         self.raw_head = raw_head
+        self.static = self._static_choice = bool(static)
+        self._compiler = None
+        self._compiled = False
+        self._prefill_rows = 0
         if raw_head and model.base_model is model:
             raise ValueError(f"{type(model).__name__} has no separate base model to read raw logits from")
         if head_rows is not None:
@@ -75,9 +126,10 @@ class HFCausalLM:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def prefill(self, prefix, max_new_tokens: int) -> torch.Tensor:
-        from transformers import DynamicCache
+    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None) -> torch.Tensor:
+        from transformers import DynamicCache, StaticCache
 
+        static = self.static if static is None else static
         input_ids, attention_mask = prefix if isinstance(prefix, (tuple, list)) else (prefix, None)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -89,8 +141,15 @@ class HFCausalLM:
         # column holds (-1 for the prefix) and whether the row may attend to it
         self.column_position = torch.full_like(self.prefix_mask, -1)
         self.column_valid = self.prefix_mask.bool()
-        self.cache = DynamicCache(config=self.model.config)
-        logits = self._logits(last_only=True, input_ids=input_ids, attention_mask=self.prefix_mask,
+        self._prefill_rows = input_ids.shape[0]
+        if not static:
+            self.cache = DynamicCache(config=self.model.config)
+            mask = self.prefix_mask
+        else:
+            length = static_length(self.prefix_len + max_new_tokens + STATIC_SLACK)
+            self.cache = StaticCache(config=self.model.config, max_cache_len=length)
+            mask = self._static_mask(self.column_valid, 0, self.prefix_len)
+        logits = self._logits(last_only=True, input_ids=input_ids, attention_mask=mask,
                               position_ids=positions, past_key_values=self.cache, use_cache=True)
         return logits[:, -1].float()
 
@@ -105,6 +164,10 @@ class HFCausalLM:
         B, L = tokens.shape
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         positions = start[:, None] + torch.arange(L, device=tokens.device)
+        if self.static:
+            logits = self._static_window(tokens, self.first_position + positions)
+            self._append(positions)
+            return logits
         mask = None
         if not bool(self.column_valid.all()):  # ragged rows or a padded prefix: say which columns count
             mask = torch.cat([self.column_valid, self.column_valid.new_ones(B, L)], 1).long()
@@ -127,7 +190,10 @@ class HFCausalLM:
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (in that order) and drop the others."""
-        self.cache.batch_select_indices(rows)
+        if self.static:
+            self._map_cache(lambda value: value[rows])
+        else:
+            self.cache.batch_select_indices(rows)
         for name in _ROW_STATE:
             setattr(self, name, getattr(self, name)[rows])
         self._pack_columns()
@@ -137,8 +203,8 @@ class HFCausalLM:
         then write its cache into those rows, right-aligned to the prefix columns (every row's cache
         is left-padded with columns nobody attends to when the new prefix is longer); the columns
         of tokens fed since are invalid for the new rows. Returns logits (r, V) for position 0."""
-        old = {name: getattr(self, name) for name in ("cache", "prefix_len", *_ROW_STATE)}
-        logits = self.prefill(prefix, 0)
+        old = {name: getattr(self, name) for name in ("cache", "prefix_len", "_prefill_rows", *_ROW_STATE)}
+        logits = self.prefill(prefix, 0, static=False)
         new = {name: getattr(self, name) for name in old}
         for name, value in old.items():
             setattr(self, name, value)
@@ -151,7 +217,7 @@ class HFCausalLM:
                 value = getattr(fresh, name)
                 full = value.new_zeros(r, value.shape[1], columns, value.shape[3])
                 full[:, :, pad:self.prefix_len] = value
-                getattr(layer, name)[rows] = full
+                getattr(layer, name)[rows, :, :columns] = full
         self.prefix_mask[rows] = torch.nn.functional.pad(new["prefix_mask"], (pad, 0))
         self.first_position[rows] = new["first_position"]
         self.column_position[rows] = -1
@@ -176,16 +242,30 @@ class HFCausalLM:
             for name in ("keys", "values"):
                 value = getattr(layer, name)
                 index = columns[:, None, :, None].expand(rows, value.shape[1], -1, value.shape[3])
-                setattr(layer, name, value.gather(2, index))
+                if self.static:  # in place: the buffers keep their length
+                    value[:, :, :columns.shape[1]] = value.gather(2, index)
+                else:
+                    setattr(layer, name, value.gather(2, index))
+        if self.static:
+            self._set_static_columns(columns.shape[1])
         self.column_position = self.column_position.gather(1, columns)
         self.column_valid = self.column_valid.gather(1, columns)
 
     def _pad_left(self, n: int) -> None:
         """Put ``n`` prefix columns that no row attends to before every row's cache."""
+        if self.static:
+            self._make_room(n)
+        columns = self.column_valid.shape[1]
         for layer in self.cache.layers:
             for name in ("keys", "values"):
                 value = getattr(layer, name)
-                setattr(layer, name, torch.nn.functional.pad(value, (0, 0, n, 0)))
+                if self.static:
+                    value[:, :, n:columns + n] = value[:, :, :columns].clone()
+                    value[:, :, :n] = 0
+                else:
+                    setattr(layer, name, torch.nn.functional.pad(value, (0, 0, n, 0)))
+        if self.static:
+            self._set_static_columns(columns + n)
         self.prefix_mask = torch.nn.functional.pad(self.prefix_mask, (n, 0))
         self.column_position = torch.nn.functional.pad(self.column_position, (n, 0), value=-1)
         self.column_valid = torch.nn.functional.pad(self.column_valid, (n, 0))
@@ -199,11 +279,13 @@ class HFCausalLM:
         flattened tree with a 4-D mask, node i of row b at position ``start[b] + depths[i]``."""
         B, N = tokens.shape
         start = torch.as_tensor(start, device=tokens.device).expand(B)
+        if self.static:
+            self._make_room(N)
         past = self.column_valid.shape[1]
         allowed = torch.cat([self.column_valid[:, None, :].expand(B, N, past), ancestors[None].expand(B, N, N)], dim=2)
-        dtype = self.model.get_output_embeddings().weight.dtype
-        mask = torch.zeros(B, 1, N, past + N, dtype=dtype, device=tokens.device)
-        mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        if self.static:  # the columns past the tree are invisible
+            allowed = torch.nn.functional.pad(allowed, (0, self._static_columns() - past - N))
+        mask = additive_mask(allowed[:, None], self.model.get_output_embeddings().weight.dtype)
         positions = start[:, None] + depths[None].to(tokens.device)
         logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
                               past_key_values=self.cache, use_cache=True).float()
@@ -224,7 +306,10 @@ class HFCausalLM:
         :meth:`unbranch` needs to restore the unbranched state; used to draft k chains at once."""
         saved = (self.cache, {name: getattr(self, name) for name in _ROW_STATE})
         self.cache = copy.deepcopy(self.cache)
-        self.cache.batch_repeat_interleave(k)
+        if self.static:
+            self._map_cache(lambda value: value.repeat_interleave(k, 0))
+        else:
+            self.cache.batch_repeat_interleave(k)
         for name in _ROW_STATE:
             setattr(self, name, getattr(self, name).repeat_interleave(k, 0))
         return saved
@@ -233,3 +318,147 @@ class HFCausalLM:
         self.cache, values = saved
         for name, value in values.items():
             setattr(self, name, value)
+
+    # ------------------------------------------------------------------ the static cache and compiled step (#48)
+
+    def compile_step(self, enabled: bool = True, mode: str | None = None) -> None:
+        """Run window forwards of up to :data:`COMPILED_WINDOWS` tokens through ``torch.compile``
+        (``enabled=False``: eagerly again, on the cache the adapter was made with); ``mode`` is
+        ``torch.compile``'s. Compiling needs the static cache, so this sets ``static`` too (from
+        the next :meth:`prefill`). A window runs
+        in its :func:`window_bucket`, so a decode needs one graph per power of two up to its
+        longest window (and per batch size and cache length), each compiled once (:meth:`precompile`
+        compiles them before a decode, with one progress line each). Prefills, trees and refills
+        stay eager, and so do the rows left once some have finished (:meth:`select`), unless their
+        bucket was compiled before: nothing compiles mid-decode."""
+        if enabled:
+            self.static = True
+            compiler = _COMPILERS.get(self.model)
+            if compiler is None or compiler.mode != mode:
+                compiler = _COMPILERS[self.model] = StepCompiler(
+                    _window_forward, f"the {type(self.model).__name__} decode step", describe=_describe_bucket, mode=mode)
+            self._compiler = compiler
+        else:
+            self.static = self._static_choice
+        self._compiled = bool(enabled)
+
+    @property
+    def compiled_step(self) -> bool:
+        """Whether window forwards run compiled (:meth:`compile_step`)."""
+        return self._compiled
+
+    @torch.no_grad()
+    def precompile(self, prefix, max_new_tokens: int, windows) -> None:
+        """Compile the bucket of every window length in ``windows`` that a decode of ``prefix`` runs
+        (its rows, its cache length), so that none compiles inside the decode or a timed call.
+        Leaves junk in the cache when it compiles: prefill again before decoding."""
+        if not self._compiled:
+            raise RuntimeError("precompile() compiles the compiled step: call compile_step() first")
+        input_ids = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
+        rows, columns = input_ids.shape[0], static_length(input_ids.shape[1] + max_new_tokens + STATIC_SLACK)
+        dtype = self.model.get_output_embeddings().weight.dtype
+        runs = sorted({window_bucket(w) for w in windows if 1 <= w <= COMPILED_WINDOWS})
+        todo = [run for run in runs if _bucket(rows, run, columns, dtype, input_ids.device, self.head_rows is not None)
+                not in self._compiler.compile_s]
+        if todo:
+            self.prefill(prefix, max_new_tokens)
+        for run in todo:
+            self.forward_window(torch.zeros(rows, run, dtype=torch.long, device=input_ids.device), 0)
+            self.crop(0)
+
+    def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A window forward on the static cache: (B, L) tokens at position ids ``positions``,
+        compiled in its :func:`window_bucket` when the step is compiled (the padding tokens sit
+        after the window, where nothing real attends them; their columns are given back)."""
+        B, L = tokens.shape
+        run = window_bucket(L) if self._compiled and L <= COMPILED_WINDOWS else L
+        if run > L:
+            extra = torch.arange(1, run - L + 1, device=tokens.device)
+            tokens = torch.cat([tokens, tokens.new_zeros(B, run - L)], 1)
+            positions = torch.cat([positions, positions[:, -1:] + extra], 1)
+        valid = self._static_mask_columns(L)
+        start = torch.tensor(self.column_valid.shape[1], device=tokens.device)
+        key = _bucket(B, run, valid.shape[1], self.model.get_output_embeddings().weight.dtype, tokens.device,
+                      self.head_rows is not None)
+        if self._compiled and run <= COMPILED_WINDOWS and (B == self._prefill_rows or key in self._compiler.compile_s):
+            logits = self._compiler(key, self, _dense(tokens), _dense(positions), valid, start)
+        else:  # rows that finished left the batch: the rest runs eagerly rather than compile mid-decode
+            logits = _window_forward(self, tokens, positions, valid, start)
+        if run > L:
+            self.cache.crop(L - run)
+            logits = logits[:, :L]
+        return logits.float()
+
+    def _static_mask_columns(self, length: int) -> torch.Tensor:
+        """(B, M) bool: the valid cache columns, then ``length`` window columns (after room is made)."""
+        self._make_room(max(length, window_bucket(length) if length <= COMPILED_WINDOWS else length))
+        past = self.column_valid.shape[1]
+        valid = self.column_valid.new_zeros(self.column_valid.shape[0], self._static_columns())
+        valid[:, :past] = self.column_valid
+        valid[:, past:past + length] = True
+        return valid
+
+    def _static_mask(self, valid: torch.Tensor, start: int, length: int) -> torch.Tensor:
+        """The additive (B, 1, L, M) mask of a window at columns ``start ..`` over ``valid`` (B, <= M)."""
+        padded = torch.nn.functional.pad(valid, (0, self._static_columns() - valid.shape[1]))
+        return additive_mask(visible(padded, torch.tensor(start), length),
+                             self.model.get_output_embeddings().weight.dtype)
+
+    def _static_columns(self) -> int:
+        return self.cache.layers[0].max_cache_len
+
+    def _make_room(self, extra: int) -> None:
+        """Room for ``extra`` columns after the cache's: when they do not fit, pack each row's
+        valid columns first (rows that accept different numbers of drafts leave holes, so the
+        shared columns outgrow every single row); grow the buffers (a new length bucket, so a new
+        graph) only when that is not enough."""
+        if self.column_valid.shape[1] + extra <= self._static_columns():
+            return
+        self._pack_columns()
+        needed = self.column_valid.shape[1] + extra
+        if needed <= self._static_columns():
+            return
+        length = static_length(needed + STATIC_SLACK)
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                for name in ("keys", "values"):
+                    value = getattr(layer, name)
+                    grown = value.new_zeros(*value.shape[:2], length, value.shape[3])
+                    grown[:, :, :value.shape[2]] = value
+                    setattr(layer, name, grown)
+            layer.max_cache_len = length
+
+    def _set_static_columns(self, n: int) -> None:
+        """The static cache's next write column, in every layer."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(n)
+
+    def _map_cache(self, fn) -> None:
+        """Replace every layer's keys and values by ``fn`` of them."""
+        for layer in self.cache.layers:
+            layer.keys, layer.values = fn(layer.keys), fn(layer.values)
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with row-major strides, even along size-1 dimensions (a compiled graph's guards
+    compare strides: a (1, 1) slice of a wider tensor is contiguous yet strided differently)."""
+    return x.contiguous().view(-1).view(x.shape)
+
+
+def _window_forward(lm: HFCausalLM, tokens, positions, valid, start):
+    """``lm``'s forward of a window fed at cache columns ``start ..`` (a 0-d tensor), position ids
+    ``positions`` (B, L), attending the columns ``valid`` (B, M) causally (:func:`visible`)."""
+    mask = additive_mask(visible(valid, start, tokens.shape[1]), lm.model.get_output_embeddings().weight.dtype)
+    return lm._logits(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=lm.cache,
+                      use_cache=True)
+
+
+def _bucket(rows, window, columns, dtype, device, trimmed) -> tuple:
+    """The key of a compiled graph: its shapes, dtype, device, whether the head is trimmed, and the
+    grad mode."""
+    return rows, window, columns, dtype, device, trimmed, torch.is_grad_enabled()
+
+
+def _describe_bucket(key) -> str:
+    rows, window, columns, *_ = key
+    return f"{rows} rows, window {window}, a {columns}-column cache"

@@ -191,10 +191,10 @@ class JanusImageLM(UnifiedImageLM):
         self.vocab_size = model.model.generation_head.vision_head.out_features
         self._prompt = False
 
-    def prefill(self, prefix, max_new_tokens: int) -> torch.Tensor:
+    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None) -> torch.Tensor:
         self._prompt = True
         try:
-            return super().prefill(prefix, max_new_tokens)
+            return super().prefill(prefix, max_new_tokens, static)
         finally:
             self._prompt = False
 

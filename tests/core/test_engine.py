@@ -114,7 +114,8 @@ def test_greedy_draft_model_decoding_equals_greedy_ar():
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_greedy_sjd_equals_transformers_generate(family):
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-cache", "static-cache"])
+def test_greedy_sjd_equals_transformers_generate(family, static):
     model = tiny_hf(family)
     ids = torch.randint(2, 64, (3, 6), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -122,15 +123,16 @@ def test_greedy_sjd_equals_transformers_generate(family):
     ids[1, :2] = 0
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0,
                          eos_token_id=None)[:, 6:]
-    lm = HFCausalLM(model)
+    lm = HFCausalLM(model, static=static)
     ar, _ = decode(lm, (ids, mask), 24, GREEDY, rule=greedy_verify)
     sjd, _ = decode(lm, (ids, mask), 24, GREEDY, drafter=JacobiDrafter(64, "repeat_left"), rule=greedy_verify,
                     window=6)
     assert torch.equal(ar, ref) and torch.equal(sjd, ref)
 
 
-def test_transformers_cache_crop_matches_a_fresh_prefix():
-    lm = HFCausalLM(tiny_hf("llama"))
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-cache", "static-cache"])
+def test_transformers_cache_crop_matches_a_fresh_prefix(static):
+    lm = HFCausalLM(tiny_hf("llama"), static=static)
     ids = torch.randint(2, 64, (2, 5))
     window = torch.randint(2, 64, (2, 6))
     lm.prefill(ids, 16)

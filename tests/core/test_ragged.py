@@ -52,8 +52,9 @@ def test_a_queue_with_a_draft_model_decodes_like_one_batch():
     assert torch.equal(queued, batch)
 
 
-def test_text_rows_of_different_prompt_lengths_decode_alike_alone_and_together():
-    model = HFCausalLM(tiny_hf("llama"))
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-cache", "static-cache"])
+def test_text_rows_of_different_prompt_lengths_decode_alike_alone_and_together(static):
+    model = HFCausalLM(tiny_hf("llama"), static=static)
     ids = torch.randint(2, 64, (3, 6), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :2] = 0  # left padding
@@ -68,7 +69,8 @@ def test_text_rows_of_different_prompt_lengths_decode_alike_alone_and_together()
         assert torch.equal(alone[0], together[b])
 
 
-def test_a_transformers_model_refills_rows_as_it_decodes_them_alone():
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-cache", "static-cache"])
+def test_a_transformers_model_refills_rows_as_it_decodes_them_alone(static):
     """Continuous batching on the transformers adapter: a queue of prompts of different lengths,
     two at a time, so that refilled prompts are both shorter and longer than the cache's prefix
     columns; each row's tokens equal its tokens decoded alone, with a generator per prompt, and
@@ -81,7 +83,7 @@ def test_a_transformers_model_refills_rows_as_it_decodes_them_alone():
             widths.append(self.column_valid.shape[1])
             return logits
 
-    model = Watched(tiny_hf("llama"))
+    model = Watched(tiny_hf("llama"), static=static)
     lengths = [3, 6, 2, 7, 4] * 2
     prompts = [torch.randint(2, 64, (n,), generator=torch.Generator().manual_seed(i)) for i, n in enumerate(lengths)]
 

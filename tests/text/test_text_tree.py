@@ -27,7 +27,8 @@ PROMPTS = TEXT_PROMPTS
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_one_tree_forward_equals_each_chain_alone_and_keep_leaves_the_picked_path(family):
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-cache", "static-cache"])
+def test_one_tree_forward_equals_each_chain_alone_and_keep_leaves_the_picked_path(family, static):
     model = tiny_hf(family)
     ids = torch.tensor([[0, 0, 7, 8, 9], [5, 6, 7, 8, 9]])  # row 0 is left-padded
     prefix = (ids, torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]))
@@ -36,7 +37,7 @@ def test_one_tree_forward_equals_each_chain_alone_and_keep_leaves_the_picked_pat
     tree = DraftTree(torch.randint(2, 64, (2, k, L), generator=torch.Generator().manual_seed(0)), None, None, "greedy")
     depths, ancestors = tree.layout()
 
-    target = HFCausalLM(model)
+    target = HFCausalLM(model, static=static)
     target.prefill(prefix, 8)
     target.forward_window(generated[:, :1], 0)
     flat = torch.cat([generated[:, 1:], tree.tokens.flatten(1)], 1)

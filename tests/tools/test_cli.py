@@ -209,9 +209,26 @@ def test_bench_quality_reports_progress_while_generating_and_scoring(home, capsy
 
 def test_bench_text_finds_the_shipped_pair_from_any_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["bench-text", "--prompts", "1", "--new-tokens", "8"]) == 0
+    assert main(["bench-text", "--prompts", "1", "--new-tokens", "8", "--compile", "off"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["prompts"] == 1 and result["results"]["generate"]["target_forwards"] == 8
+    assert result["best_ar"] in ("generate", "visualspec AR") and "visualspec AR, compiled" not in result["results"]
+
+
+def test_bench_text_compile_choices_pick_the_rows():
+    from visualspec.tools.bench_text import methods
+
+    class Tokenizer:
+        def __len__(self):
+            return 64
+
+    rows = {c: set(methods(None, None, Tokenizer(), compile=c)) for c in ("off", "on", "both")}
+    assert rows["on"] == {"generate", "transformers generate, static compiled", "visualspec AR, compiled",
+                          "visualspec draft model, compiled", "visualspec n-gram, compiled",
+                          "visualspec STAND, compiled"}
+    assert rows["both"] == rows["on"] | rows["off"] and not rows["on"] & rows["off"] - {"generate"}
+    with pytest.raises(ValueError, match="compile must be one of"):
+        methods(None, None, Tokenizer(), compile="yes")
 
 
 def test_bench_measures_window_costs_only_before_it_times(home, monkeypatch):

@@ -89,8 +89,16 @@ def _draft_vocab(draft_vocab, vocab_size: int, prompt_rows, eos) -> torch.Tensor
     return kept_token_ids(draft_vocab, vocab_size)
 
 
+def _token_model(model, compile: bool, **kw) -> HFCausalLM:
+    """``model`` as a token model: with ``compile``, on a static cache with its window forward compiled."""
+    lm = HFCausalLM(model, static=compile, **kw)
+    if compile:
+        lm.compile_step()
+    return lm
+
+
 def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draft_vocab=None, eos=None,
-             stop_below=None):
+             stop_below=None, compile: bool = False):
     if isinstance(drafter, str) and drafter not in DRAFTERS:
         raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS} or pass a draft model")
     if (drafter is None or isinstance(drafter, str)) and draft_vocab is not None:
@@ -113,9 +121,9 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         raise ValueError(f"the draft model's vocabulary ({_vocab_size(drafter)} tokens) differs from the target's "
                          f"({_vocab_size(model)}); draft and target must share one tokenizer")
     if draft_vocab is None:
-        return DraftModelDrafter(HFCausalLM(drafter), prefix, stop_below=stop_below)
+        return DraftModelDrafter(_token_model(drafter, compile), prefix, stop_below=stop_below)
     keep = _draft_vocab(draft_vocab, _vocab_size(model), rows, eos)
-    return VocabTrimDrafter(HFCausalLM(drafter, head_rows=keep), prefix, keep, stop_below=stop_below)
+    return VocabTrimDrafter(_token_model(drafter, compile, head_rows=keep), prefix, keep, stop_below=stop_below)
 
 
 MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
@@ -152,7 +160,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                   generator=None, window: int = 8, ngram: int = 3, typical_epsilon: float = 0.09,
                   typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
-                  multidraft: str = "rsd", draft_stop_below: float | None = None) -> TextOutput:
+                  multidraft: str = "rsd", draft_stop_below: float | None = None,
+                  compile: bool = False) -> TextOutput:
     """Generate ``max_new_tokens`` tokens after ``prompt`` (a string or a list of strings).
 
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
@@ -178,22 +187,29 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     verifier of the k first tokens: ``"rsd"`` (drafts without replacement, Jeon et al.),
     ``"spectr"`` (i.i.d. drafts, SpecTr's k-sequential selection) or ``"recursive_iid"``; greedy
     decoding accepts the candidate equal to the target's argmax. All are lossless.
+
+    ``compile=True`` runs the target's and the draft model's window forwards on a static cache
+    through ``torch.compile`` (:meth:`visualspec.models.hf.HFCausalLM.compile_step`): the same
+    tokens, cheaper steps once compiled. Each window bucket compiles on its first use in a process
+    (a progress line says so), so it pays on long or repeated calls, not on one short one.
     """
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"unknown acceptance {acceptance!r}; choose one of {ACCEPTANCE}")
     check_positive_int("max_new_tokens", max_new_tokens)
     check_positive_int("window", window)
     check_sampling_args(temperature, top_k, top_p, 1.0)
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
     tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
     if tree is not None and draft_stop_below is not None:
         raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
     prompts, input_ids, attention_mask = _encode(tokenizer, prompt)
     device = next(model.parameters()).device
     prefix = (input_ids.to(device), attention_mask.to(device))
-    target = HFCausalLM(model)
+    target = _token_model(model, compile)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
-                      draft_stop_below)
+                      draft_stop_below, compile)
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
     else:
@@ -202,7 +218,14 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         mode = "ar"
     else:
         mode = drafter if isinstance(drafter, str) else "draft model" if draft_vocab is None else "vocabtrim"
+    if compile:
+        mode += "+compiled"
     generator = make_generator(seed, generator, device=device)
+    if compile:  # every window bucket of the decode, before it (announced; once per process)
+        windows = range(1, window + 1) if drafts is not None else (1,)
+        target.precompile(prefix, max_new_tokens, windows)
+        if isinstance(drafts, DraftModelDrafter):
+            drafts.model.precompile(prefix, max_new_tokens, windows)
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)

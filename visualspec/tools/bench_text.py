@@ -76,11 +76,24 @@ def calibration_vocab(folder, tokenizer, size: int, files: int = 50) -> torch.Te
 
 
 class ForwardCounter:
-    """Counts forward calls of a module (one per target forward pass)."""
+    """Counts forward calls of a module (one per target forward pass), compiled ones too: the count
+    is a tensor the hook adds to, which a compiled graph does as well (a Python int would be a
+    constant of the graph, and each new value a recompile)."""
 
     def __init__(self, module):
-        self.calls = 0
-        self.handle = module.register_forward_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+        self._count = torch.zeros((), dtype=torch.long)
+        self.handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_) -> None:  # returns nothing: a forward hook's return value replaces the output
+        self._count.add_(1)
+
+    @property
+    def calls(self) -> int:
+        return int(self._count)
+
+    @calls.setter
+    def calls(self, value: int) -> None:
+        self._count.fill_(value)
 
 
 def _hf_generate(model, tokenizer, prompt, new_tokens, **kwargs):
@@ -90,19 +103,43 @@ def _hf_generate(model, tokenizer, prompt, new_tokens, **kwargs):
     return out[0, enc.input_ids.shape[1]:].tolist()
 
 
-def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2):
+def _static_compiled():
+    """transformers' own fastest AR here: a static cache and its compiled one-token step (``generate``
+    compiles on a CPU only when told it may)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(mode="default")
+    config._compile_all_devices = True
+    return dict(cache_implementation="static", compile_config=config)
+
+
+AR_METHODS = ("generate", "transformers generate, static compiled", "visualspec AR", "visualspec AR, compiled")
+COMPILE_CHOICES = ("off", "on", "both")
+
+
+COMPILED_DRAFT = dict(window=6, draft_stop_below=0.6)  # chosen on seed=1 prompts (docs/experiments/2026-11-27-compiled-text-step.md)
+
+
+def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
+            compile: str = "both"):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
     model row; the main draft model rows draft up to ``draft_window - 1`` tokens and stop early
     below ``stop_below`` (as transformers' assisted generation stops below its confidence threshold).
+    ``compile``: ``"off"``, the eager rows; ``"on"``, the compiled rows (visualspec's on a static
+    cache, :func:`visualspec.text.generate_text` with ``compile=True``, and transformers' static
+    compiled ``generate``), beside plain ``generate``; ``"both"``. The compiled draft model row
+    drafts as :data:`COMPILED_DRAFT` says: a cheaper target step makes each draft forward dearer.
     """
+    if compile not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
+
     def ours(**kw):
         return lambda prompt, n: generate_text(target, tokenizer, prompt, max_new_tokens=n, temperature=0,
                                                **kw).token_ids[0]
     dynamic = dict(drafter=draft, window=draft_window, draft_stop_below=stop_below)
-    return {
-        "generate": lambda p, n: _hf_generate(target, tokenizer, p, n),
+    eager = {
         "transformers assisted (draft model)": lambda p, n: _hf_generate(target, tokenizer, p, n, assistant_model=draft),
         "transformers prompt lookup": lambda p, n: _hf_generate(target, tokenizer, p, n, prompt_lookup_num_tokens=10),
         "visualspec AR": ours(),
@@ -115,25 +152,43 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         "visualspec STAND": ours(drafter="stand", window=window),
         "visualspec Jacobi": ours(drafter="jacobi", window=window),
     }
+    compiled = {
+        "transformers generate, static compiled": lambda p, n: _hf_generate(target, tokenizer, p, n,
+                                                                            **_static_compiled()),
+        "visualspec AR, compiled": ours(compile=True),
+        "visualspec draft model, compiled": ours(drafter=draft, **COMPILED_DRAFT, compile=True),
+        "visualspec n-gram, compiled": ours(drafter="ngram", window=window, compile=True),
+        "visualspec STAND, compiled": ours(drafter="stand", window=window, compile=True),
+    }
+    table = {"generate": lambda p, n: _hf_generate(target, tokenizer, p, n)}
+    table.update(eager if compile != "on" else {})
+    table.update(compiled if compile != "off" else {})
+    return table
 
 
 @torch.no_grad()
 def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: int = 6, threads: int | None = None,
                        only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
-                       stop_below: float = 0.2) -> dict:
+                       stop_below: float = 0.2, compile: str = "both") -> dict:
+    """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
+    fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers').
+    Each method's first call (a full-length warm-up: window costs, compiled graphs) is timed
+    apart, as ``first_call_seconds``."""
     if threads:
         torch.set_num_threads(threads)
     tokenizer, target, draft = load_pair(folder)
     texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens)
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
-                    draft_window, stop_below)
+                    draft_window, stop_below, compile)
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     counter = ForwardCounter(target)
     rows = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in table}
-    outputs = {}
-    for name, fn in table.items():  # warm-up
-        fn(texts[0], 8)
+    outputs, first_call = {}, {}
+    for name, fn in table.items():  # warm-up at full length: static caches and compiled graphs are sized by it
+        t0 = time.perf_counter()
+        fn(texts[0], new_tokens)
+        first_call[name] = round(time.perf_counter() - t0, 2)
     for i, prompt in enumerate(texts):
         for name, fn in table.items():
             counter.calls = 0
@@ -144,20 +199,26 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
             rows[name]["forwards"] += counter.calls
             outputs[name, i] = ids
     results = {}
-    base = rows["generate"]["tokens"] / rows["generate"]["seconds"]
+    speed = {name: r["tokens"] / r["seconds"] for name, r in rows.items()}
+    best_ar = max((name for name in rows if name in AR_METHODS), key=speed.get)
     for name, r in rows.items():
         equal = sum(outputs[name, i] == outputs["generate", i] for i in range(len(texts)))
-        tps = r["tokens"] / r["seconds"]
-        results[name] = {"tokens_per_second": round(tps, 1), "speedup_vs_generate": round(tps / base, 3),
+        results[name] = {"tokens_per_second": round(speed[name], 1),
+                         "speedup_vs_generate": round(speed[name] / speed["generate"], 3),
+                         "speedup_vs_best_ar": round(speed[name] / speed[best_ar], 3),
                          "tau": round(r["tokens"] / max(r["forwards"], 1), 3),
-                         "target_forwards": r["forwards"], "greedy_output_equal": f"{equal}/{len(texts)}"}
+                         "target_forwards": r["forwards"], "greedy_output_equal": f"{equal}/{len(texts)}",
+                         "first_call_seconds": first_call[name]}
     assisted = results.get("transformers assisted (draft model)")
-    ours = results.get("visualspec draft model")
+
+    def ratio(name):
+        ours = results.get(name)
+        return round(ours["speedup_vs_generate"] / assisted["speedup_vs_generate"], 3) if ours and assisted else None
     return {
         "prompts": len(texts), "new_tokens": new_tokens, "window": window, "draft_window": draft_window,
-        "draft_stop_below": stop_below, "results": results,
-        "draft_model_speedup_ratio_to_assisted": (round(ours["speedup_vs_generate"] / assisted["speedup_vs_generate"], 3)
-                                                  if ours and assisted else None),
+        "draft_stop_below": stop_below, "compile": compile, "best_ar": best_ar, "results": results,
+        "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),
+        "compiled_draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model, compiled"),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }
 

@@ -16,6 +16,8 @@ def register(sub, common) -> None:
     bt.add_argument("--draft-window", type=int, default=10, help="the draft model's window (drafts + 1)")
     bt.add_argument("--draft-stop-below", type=float, default=0.2,
                     help="the draft model stops drafting below this confidence")
+    bt.add_argument("--compile", choices=("off", "on", "both"), default="both",
+                    help="eager rows, compiled rows (static cache, torch.compile; ours and transformers'), or both")
     bt.add_argument("--multidraft-gap", action="store_true", help="also the multi-draft verifiers vs the optimum")
     bt.add_argument("--json", help="write the results here")
     bt.set_defaults(func=run)
@@ -27,7 +29,8 @@ def run(args) -> int:
 
     args.pair = args.pair or str(TEXT_PAIR)
     result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
-                                draft_window=args.draft_window, stop_below=args.draft_stop_below)
+                                draft_window=args.draft_window, stop_below=args.draft_stop_below,
+                                compile=args.compile)
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)
     text = json.dumps(result, indent=1)
