@@ -117,7 +117,7 @@ AR_METHODS = ("generate", "transformers generate, static compiled", "visualspec 
 COMPILE_CHOICES = ("off", "on", "both")
 
 
-COMPILED_DRAFT = dict(window=6, draft_stop_below=0.6)  # chosen on seed=1 prompts (docs/experiments/2026-11-27-compiled-text-step.md)
+COMPILED_DRAFT = dict(window=6, draft_stop_below=0.6)  # chosen on seed=1 prompts (docs/experiments/2026-11-27-compiled-transformers-step.md)
 
 
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
