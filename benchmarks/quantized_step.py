@@ -3,12 +3,15 @@
     pip install torchao          # not a dependency of visualspec: this benchmark only
     python benchmarks/quantized_step.py --model shapes-lumina
     python benchmarks/quantized_step.py --random-size 1024x8      # a random Chameleon, dim x layers
+    python benchmarks/quantized_step.py --random-size 1024x8 --compile   # the static, compiled step
 
 For rows (model rows: twice the images under guidance) and window W, at the middle of an image, it
 times the engine's ``forward_window`` plus the cache crop (one decode step, eager) of the model in
 float32 and after ``torchao.quantization.quantize_`` with each config (int8 weights only; int8
 weights with dynamically quantised int8 activations), as medians of ``--repeats`` steps, and
-reports the share of positions whose argmax is unchanged. On random weights that share is a
+reports the share of positions whose argmax is unchanged. ``--compile`` times the static,
+compiled step (``HFCausalLM.compile_step``) of each instead of the eager one; its compiles happen
+in the warm-up. On random weights that share is a
 weak check (near ties flip); the quality cost on a trained model is measured with GenEval.
 """
 
@@ -44,10 +47,12 @@ def chameleon(args):
     return ChameleonForConditionalGeneration(config).eval()
 
 
-def step_ms(model, rows: int, W: int, repeats: int):
+def step_ms(model, rows: int, W: int, repeats: int, compile: bool = False):
     """Median ms of one window step at position ~100, and that step's logits."""
     V = model.config.vocab_size
     lm = HFCausalLM(model, raw_head=True)
+    if compile:
+        lm.compile_step()
     lm.prefill(torch.randint(5, V, (rows, 32), generator=torch.Generator().manual_seed(0)), 300)
     tokens = torch.randint(5, V, (rows, W), generator=torch.Generator().manual_seed(1))
     filler = torch.randint(5, V, (rows, 100), generator=torch.Generator().manual_seed(2))
@@ -69,6 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", nargs="+", default=["2x1", "2x8", "32x1"], help="ROWSxW")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="the static, compiled step of each model")
     args = parser.parse_args(argv)
     try:
         from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
@@ -86,16 +92,17 @@ def main(argv=None) -> int:
         quantized[name] = copy.deepcopy(base)
         quantize_(quantized[name], config)
     print(f"{args.model or 'random ' + args.random_size} ({params / 1e6:.0f}M parameters): {machine_name('cpu')}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{'static compiled step' if args.compile else 'eager step'}")
     print("| rows | W | float32 ms | " + " | ".join(f"{n} ms (speed-up, argmax kept)" for n in variants) + " |")
     print("| ---: | ---: | ---: | " + " | ".join("---:" for _ in variants) + " |")
     with torch.no_grad():
         for shape in args.shapes:
             rows, W = (int(x) for x in shape.split("x"))
-            ref_ms, ref = step_ms(base, rows, W, args.repeats)
+            ref_ms, ref = step_ms(base, rows, W, args.repeats, args.compile)
             cells = []
             for name in variants:
-                ms, out = step_ms(quantized[name], rows, W, args.repeats)
+                ms, out = step_ms(quantized[name], rows, W, args.repeats, args.compile)
                 kept = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
                 cells.append(f"{ms:.2f} ({ref_ms / ms:.2f}x, {kept:.3f})")
             print(f"| {rows} | {W} | {ref_ms:.2f} | " + " | ".join(cells) + " |", flush=True)
