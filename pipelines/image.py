@@ -234,47 +234,6 @@ def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots
         rows = max(1, rows // 2)
 
 
-def compiled_step(model, compile, prefix_of: Callable[[int], Any], num_tokens: int, images: int, slots: int) -> bool:
-    """Whether a call runs ``model``'s compiled step (:meth:`compile_step`), and switch it so.
-
-    ``compile=True`` compiles (an error for a model without a compiled step) and, once per model,
-    batch size and machine, measures the one-token step eager and compiled (cached with the window
-    costs); ``False`` stays eager; ``"auto"`` compiles only where those stored measurements say it
-    pays in this call (:func:`~visualspec.core.compiled.compile_pays`), counting
-    ``num_tokens * ceil(images / slots)`` steps (the AR count: speculative calls take fewer, so
-    this errs towards compiling only for long calls) against the compile time of every window
-    measured (a speculative call may use any of them). With nothing stored, "auto" stays eager.
-    """
-    from ..core.compiled import check_compile, compile_pays
-    from ..core.window import prefix_rows
-    from ..core.window_costs import cached_window_costs, stored_window_costs
-
-    check_compile(compile)
-    if not hasattr(model, "compile_step"):
-        if compile is True:
-            raise ValueError(f"compile=True: {type(model).__name__} has no compiled step yet; use compile=False")
-        return False
-    if compile is False:
-        model.compile_step(False)
-        return False
-    prefix = prefix_of(slots)
-    if compile == "auto":
-        rows = prefix_rows(prefix)
-        eager = stored_window_costs(model, rows, num_tokens, compiled=False)
-        fast = stored_window_costs(model, rows, num_tokens, compiled=True)
-        compile_s = stored_window_costs(model, rows, num_tokens, compiled=True, tag="compile-s")
-        steps = num_tokens * -(-images // slots)
-        compile = (1 in eager and 1 in fast and bool(compile_s)
-                   and compile_pays(eager[1], fast[1], sum(compile_s.values()), steps))
-    else:
-        model.compile_step(False)
-        cached_window_costs(model, prefix, num_tokens, windows=(1,))
-        model.compile_step(True)
-        cached_window_costs(model, prefix, num_tokens, windows=(1,))
-    model.compile_step(bool(compile))
-    return bool(compile)
-
-
 def window_lengths(window) -> list[int]:
     """The window lengths a decode with ``window`` (an int or a WindowPolicy) can step with."""
     if hasattr(window, "tables"):
@@ -490,4 +449,4 @@ class PromptConditioning:
 
 
 __all__ = ["OUTPUT_TYPES", "VisualSpecImageOutput", "ImagePipeline", "TokenImagePipeline", "PromptConditioning",
-           "window_policy", "compiled_step", "window_lengths", "check_draft_compatible", "class_label_list"]
+           "window_policy", "window_lengths", "check_draft_compatible", "class_label_list"]

@@ -7,13 +7,14 @@ from pathlib import Path
 import torch
 
 from ..core.checks import check_int
+from ..core.compiled import compiled_step
 from ..core.engine import Requests, decode
 from ..core.sampling import SamplingConfig, make_generator
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline
 from .image import (TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline, check_draft_compatible,
-                    compiled_step, window_lengths, window_policy)
+                    window_lengths, window_policy)
 
 
 @register_pipeline

@@ -17,12 +17,13 @@ import warnings
 
 import torch
 
+from ..core.compiled import compiled_step
 from ..core.engine import Requests, decode
 from ..core.sampling import SamplingConfig, make_generator
 from ..models.llamagen_vq import nearest_codes
 from ..models.unified_ar import GUIDANCE_SCHEDULES, lumina2_guidance, unified_family
 from .base import register_pipeline
-from .image import TOKEN_BENCH_MODES, TokenImagePipeline, compiled_step, window_lengths, window_policy
+from .image import TOKEN_BENCH_MODES, TokenImagePipeline, window_lengths, window_policy
 
 
 @register_pipeline

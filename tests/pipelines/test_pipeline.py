@@ -316,8 +316,8 @@ def test_the_compiled_step_gives_the_eager_greedy_images(pipe, tmp_path, monkeyp
     (100, False, False),  # nothing measured on this machine: stay eager
 ])
 def test_auto_compiles_only_where_stored_measurements_say_it_pays(monkeypatch, images, stored, compiles):
-    from visualspec.core import window_costs
-    from visualspec.pipelines.image import compiled_step
+    from visualspec.core import compiled
+    from visualspec.core.compiled import compiled_step
 
     class Model:
         compiled_step = False
@@ -326,7 +326,7 @@ def test_auto_compiles_only_where_stored_measurements_say_it_pays(monkeypatch, i
             self.compiled_step = enabled
 
     tables = {(False, None): {1: 2e-3}, (True, None): {1: 1e-3}, (True, "compile-s"): {1: 0.5, 4: 0.5}}
-    monkeypatch.setattr(window_costs, "stored_window_costs",
+    monkeypatch.setattr(compiled, "stored_window_costs",
                         lambda model, rows, n, compiled=None, tag=None: tables[compiled, tag] if stored else {})
     model = Model()
     assert compiled_step(model, "auto", lambda images: torch.zeros(images), 256, images, 1) is compiles
@@ -334,7 +334,7 @@ def test_auto_compiles_only_where_stored_measurements_say_it_pays(monkeypatch, i
 
 
 def test_compile_true_on_a_model_without_a_compiled_step_is_refused():
-    from visualspec.pipelines.image import compiled_step
+    from visualspec.core.compiled import compiled_step
 
     with pytest.raises(ValueError, match="compile=True: object has no compiled step yet; use compile=False"):
         compiled_step(object(), True, lambda images: torch.zeros(images), 16, 1, 1)

@@ -59,11 +59,12 @@ def compiled_pair():
 
 
 @pytest.mark.parametrize("drafter", [None, "ngram", "model"])
-def test_the_compiled_step_gives_the_eager_tokens(drafter, compiled_pair, tokenizer, capfd):
+def test_the_compiled_step_gives_the_eager_tokens(drafter, compiled_pair, tokenizer, capfd, tmp_path, monkeypatch):
+    monkeypatch.setenv("VISUALSPEC_HOME", str(tmp_path))  # the costs compile=True stores stay here
     model, draft_model = compiled_pair
     draft = draft_model if drafter == "model" else drafter
     kw = dict(drafter=draft, max_new_tokens=16, window=5)
-    ref = generate_text(model, tokenizer, TEXT_PROMPTS, temperature=0, **kw)
+    ref = generate_text(model, tokenizer, TEXT_PROMPTS, temperature=0, compile=False, **kw)
     out = generate_text(model, tokenizer, TEXT_PROMPTS, temperature=0, compile=True, **kw)
     assert out.token_ids == ref.token_ids and out.stats.mode.endswith("+compiled")
     # sampled tokens too, for one generator (float64 models: the compiled step rounds as the eager one)
@@ -91,9 +92,30 @@ def test_precompile_compiles_each_window_bucket_once_and_says_so(compiled_pair, 
     assert capfd.readouterr().err == ""
 
 
-def test_compile_must_be_a_bool(tokenizer):
-    with pytest.raises(ValueError, match="compile must be True or False"):
-        generate_text(tiny_hf("llama"), tokenizer, "w1", compile="auto", max_new_tokens=2)
+def test_compile_auto_follows_the_costs_a_compiled_call_stored(tokenizer, tmp_path, monkeypatch, capfd):
+    """``compile="auto"`` (the default) stays eager with nothing measured; a ``compile=True`` call
+    measures the one-token step both ways and its compile time, and from then on "auto" compiles
+    exactly when those costs say it pays over the call's steps."""
+    import json
+
+    from visualspec.core.compiled import compile_pays
+
+    monkeypatch.setenv("VISUALSPEC_HOME", str(tmp_path))
+    model = tiny_hf("llama", seed=4)
+    assert generate_text(model, tokenizer, TEXT_PROMPTS, max_new_tokens=12, temperature=0).stats.mode == "ar"
+    generate_text(model, tokenizer, TEXT_PROMPTS, max_new_tokens=12, temperature=0, compile=True)
+    assert "window costs: measuring HFCausalLM at 3 model rows" in capfd.readouterr().err
+    stored = json.loads((tmp_path / "window_costs.json").read_text())
+    eager, fast, compile_s = (next(t for k, t in stored.items() if k.endswith(end))
+                              for end in ("new=12", "|compiled", "|compile-s"))
+    pays = compile_pays(eager["1"], fast["1"], sum(compile_s.values()), 12)
+    out = generate_text(model, tokenizer, TEXT_PROMPTS, max_new_tokens=12, temperature=0)
+    assert out.stats.mode == ("ar+compiled" if pays else "ar")
+
+
+def test_compile_must_be_true_false_or_auto(tokenizer):
+    with pytest.raises(ValueError, match="compile must be True, False or 'auto'"):
+        generate_text(tiny_hf("llama"), tokenizer, "w1", compile="yes", max_new_tokens=2)
 
 
 def test_rows_accepting_different_drafts_keep_the_static_cache_in_its_bucket():

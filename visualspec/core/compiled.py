@@ -25,7 +25,8 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from .window_costs import announce
+from .window import prefix_rows
+from .window_costs import announce, cached_window_costs, stored_window_costs
 
 COMPILE_CHOICES = (True, False, "auto")
 
@@ -51,6 +52,45 @@ def compile_pays(eager_s: float, compiled_s: float, compile_s: float, steps: int
     """Whether compiling a step pays in one call: ``steps * (eager_s - compiled_s) > compile_s``,
     seconds per eager and compiled step, and what compiling took when it was measured."""
     return steps * (eager_s - compiled_s) > compile_s
+
+
+def compiled_step(model, compile, prefix_of: Callable[[int], Any], num_tokens: int, sequences: int,
+                  slots: int) -> bool:
+    """Whether a call runs ``model``'s compiled step (its ``compile_step``), and switch it so.
+
+    ``compile=True`` compiles (an error for a model without a compiled step) and, once per model,
+    batch size and machine, measures the one-token step eager and compiled (cached with the window
+    costs); ``False`` stays eager; ``"auto"`` compiles only where those stored measurements say it
+    pays in this call (:func:`compile_pays`), counting ``num_tokens * ceil(sequences / slots)``
+    steps (the AR count: speculative calls take fewer, so this errs towards compiling only for
+    long calls) against the compile time of every window measured (a speculative call may use any
+    of them). With nothing stored, "auto" stays eager. ``prefix_of(r)`` is the prefix of ``r``
+    rows; ``slots`` rows decode at once.
+    """
+    check_compile(compile)
+    if not hasattr(model, "compile_step"):
+        if compile is True:
+            raise ValueError(f"compile=True: {type(model).__name__} has no compiled step yet; use compile=False")
+        return False
+    if compile is False:
+        model.compile_step(False)
+        return False
+    prefix = prefix_of(slots)
+    if compile == "auto":
+        rows = prefix_rows(prefix)
+        eager = stored_window_costs(model, rows, num_tokens, compiled=False)
+        fast = stored_window_costs(model, rows, num_tokens, compiled=True)
+        compile_s = stored_window_costs(model, rows, num_tokens, compiled=True, tag="compile-s")
+        steps = num_tokens * -(-sequences // slots)
+        compile = (1 in eager and 1 in fast and bool(compile_s)
+                   and compile_pays(eager[1], fast[1], sum(compile_s.values()), steps))
+    else:
+        model.compile_step(False)
+        cached_window_costs(model, prefix, num_tokens, windows=(1,))
+        model.compile_step(True)
+        cached_window_costs(model, prefix, num_tokens, windows=(1,))
+    model.compile_step(bool(compile))
+    return bool(compile)
 
 
 def inductor_cache_dir() -> str:

@@ -32,6 +32,7 @@ import torch
 from ..drafters import (DraftModelDrafter, JacobiDrafter, NGramDrafter, StandDrafter, VocabTrimDrafter,
                        frequent_tokens, kept_token_ids)
 from ..core.checks import check_positive_int
+from ..core.compiled import check_compile, compiled_step
 from ..core.engine import decode
 from ..models.hf import HFCausalLM
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
@@ -161,7 +162,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                   generator=None, window: int = 8, ngram: int = 3, typical_epsilon: float = 0.09,
                   typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
                   multidraft: str = "rsd", draft_stop_below: float | None = None,
-                  compile: bool = False) -> TextOutput:
+                  compile="auto") -> TextOutput:
     """Generate ``max_new_tokens`` tokens after ``prompt`` (a string or a list of strings).
 
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
@@ -192,21 +193,25 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     through ``torch.compile`` (:meth:`visualspec.models.hf.HFCausalLM.compile_step`): the same
     tokens, cheaper steps once compiled. Each window bucket compiles on its first use in a process
     (a progress line says so), so it pays on long or repeated calls, not on one short one.
+    ``"auto"`` (the default) compiles where costs measured on this machine say the compile repays
+    itself within the call (:func:`visualspec.core.compiled.compiled_step`; a first
+    ``compile=True`` call measures them); with nothing measured it stays eager.
     """
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"unknown acceptance {acceptance!r}; choose one of {ACCEPTANCE}")
     check_positive_int("max_new_tokens", max_new_tokens)
     check_positive_int("window", window)
     check_sampling_args(temperature, top_k, top_p, 1.0)
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be True or False, got {compile!r}")
+    check_compile(compile)
     tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
     if tree is not None and draft_stop_below is not None:
         raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
     prompts, input_ids, attention_mask = _encode(tokenizer, prompt)
     device = next(model.parameters()).device
     prefix = (input_ids.to(device), attention_mask.to(device))
-    target = _token_model(model, compile)
+    target = HFCausalLM(model)
+    rows = input_ids.shape[0]
+    compile = compiled_step(target, compile, lambda r: (prefix[0][:r], prefix[1][:r]), max_new_tokens, rows, rows)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
                       draft_stop_below, compile)

@@ -135,9 +135,9 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
 
-    def ours(**kw):
+    def ours(compile=False, **kw):  # eager unless the row says compiled ("auto" would follow stored costs)
         return lambda prompt, n: generate_text(target, tokenizer, prompt, max_new_tokens=n, temperature=0,
-                                               **kw).token_ids[0]
+                                               compile=compile, **kw).token_ids[0]
     dynamic = dict(drafter=draft, window=draft_window, draft_stop_below=stop_below)
     eager = {
         "transformers assisted (draft model)": lambda p, n: _hf_generate(target, tokenizer, p, n, assistant_model=draft),
