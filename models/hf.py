@@ -9,14 +9,13 @@ import weakref
 
 import torch
 
-from visualspec.core.compiled import StepCompiler
+from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler
 
 # the per-row state beside the cache (what select, branch and refill carry along)
 _ROW_STATE = ("prefix_mask", "first_position", "column_position", "column_valid")
 
 STATIC_ROUND = 128  # a static cache's length is a multiple of this: one compiled graph per multiple
 STATIC_SLACK = 64   # columns past prefix + new tokens for the windows and trees in flight
-COMPILED_WINDOWS = 32  # the longest window the compiled step takes; longer ones (prefills) run eagerly
 
 # one step compiler per transformers model, whichever adapter runs it: a later call with the same
 # model (a new HFCausalLM each generate_text call) finds its buckets compiled

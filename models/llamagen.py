@@ -38,7 +38,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from visualspec.core.compiled import StepCompiler, bucket_slots
+from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, bucket_slots
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
 from .rotary import apply_rope
@@ -560,9 +560,6 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         """The output head on the final hidden states, in float32 at least (float64 stays)."""
         out = self.output(self.norm(x))
         return out if out.dtype == torch.float64 else out.float()
-
-
-COMPILED_WINDOWS = 32  # the longest window the compiled step takes (the window search's largest)
 
 
 def _bucket(rows, window, attended, total, cache_slots, dtype, device) -> tuple:

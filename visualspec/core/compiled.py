@@ -29,6 +29,7 @@ from .window import prefix_rows
 from .window_costs import announce, cached_window_costs, stored_window_costs
 
 COMPILE_CHOICES = (True, False, "auto")
+COMPILED_WINDOWS = 32  # the longest window a compiled step takes (the window search's largest); prefills run eagerly
 
 
 def check_compile(compile: Any) -> None:
