@@ -120,14 +120,19 @@ def test_bad_command_lines_are_named_before_any_work(home, tmp_path, capsys):
     out = tmp_path / "x.png"
     with pytest.raises(SystemExit, match="NextFramePipeline, not an image pipeline.*visualspec video"):
         main(["generate", "a photo of a red circle", "--model", str(ARENA_NFD), "-o", str(out)])
-    with pytest.raises(SystemExit, match="unknown extension '.jpg2'"):
-        main(["generate", "a photo of a red circle", "-o", str(tmp_path / "x.jpg2")])
-    with pytest.raises(SystemExit, match="needs --draft-model"):
-        main(["generate", "a photo of a red circle", "--decoding", "speculative", "-o", str(out)])
-    with pytest.raises(SystemExit, match="give a prompt"):
-        main(["generate", "", "-o", str(out)])
-    assert main(["video", "--steps", "0", "--frames", "2", "-o", str(tmp_path / "v.gif")]) == 2
-    assert "steps must be an integer >= 1, got 0" in capsys.readouterr().err
+    capsys.readouterr()
+    for argv, message in (
+            (["-o", str(tmp_path / "x.jpg2")], "unknown extension '.jpg2'"),
+            (["--decoding", "speculative", "-o", str(out)], "needs --draft-model"),
+            (["-o", str(tmp_path)], f"-o {str(tmp_path)!r} is a folder; give a file name"),
+            (["-o", str(out), "--acceptance-map", str(home)], "--acceptance-map"),
+    ):
+        assert main(["generate", "a photo of a red circle", *argv]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["generate", "", "-o", str(out)]) == 2 and "give a prompt" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # argparse refuses a count below 1, naming the option
+        main(["video", "--steps", "0", "--frames", "2", "-o", str(tmp_path / "v.gif")])
+    assert exit_.value.code == 2 and "argument --steps: must be an integer >= 1, got '0'" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "v.gif").exists()
 
 

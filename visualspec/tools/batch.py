@@ -54,6 +54,7 @@ import torch
 
 from ..core.checks import check_int, check_positive_int
 from ..core.stats import merge_decode_stats
+from .paths import check_output_folder
 
 CONFIG_NAME = "batch_config.json"
 _MASK64 = (1 << 64) - 1
@@ -294,6 +295,9 @@ def generate_batch(
     """
     t0 = time.perf_counter()
     metas = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
+    if not metas:
+        raise ValueError("no prompts to generate: the prompt list is empty")
+    check_output_folder(out_dir)
     for n, meta in enumerate(metas, start=1):
         if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
             raise ValueError(f"prompt {n} must be a string or a dict with a string 'prompt', got {meta!r}")

@@ -28,10 +28,37 @@ from ..text import generate_text
 PROMPT_TOKENS = 96
 
 
-def load_pair(folder):
+PAIR_PARTS = ("tokenizer", "target", "draft")
+
+
+def pair_folder(folder=None) -> Path:
+    """The folder of a text pair (``train-text``'s output: ``tokenizer/``, ``target/``, ``draft/``).
+
+    ``None``, ``"text-pair"`` or ``"assets/text-pair"`` where no such folder exists here is the
+    shipped pair, from any working folder; anything else is a path, and a missing one, or one
+    without the three parts, is a FileNotFoundError that names it."""
+    from ..assets import ASSETS, TEXT_PAIR
+
+    if folder is None:
+        return TEXT_PAIR
+    path = Path(folder)
+    if not path.exists() and not path.is_absolute() and path.parts in (("text-pair",), ("assets", "text-pair")):
+        return ASSETS / path.name
+    if not path.is_dir():
+        raise FileNotFoundError(f"no text pair folder {str(path)!r}" + (" (it is a file)" if path.exists() else "")
+                                + "; the shipped pair is 'text-pair' (visualspec.assets.TEXT_PAIR)")
+    missing = [part for part in PAIR_PARTS if not (path / part).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"{str(path)!r} is not a text pair folder: it has no {', '.join(missing)} "
+                                f"folder (train-text writes tokenizer/, target/ and draft/)")
+    return path
+
+
+def load_pair(folder=None):
+    """(tokenizer, target, draft) of a text pair folder (:func:`pair_folder`; default: the shipped one)."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    folder = Path(folder)
+    folder = pair_folder(folder)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
     target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
@@ -176,6 +203,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     apart, as ``first_call_seconds``."""
     if threads:
         torch.set_num_threads(threads)
+    folder = pair_folder(folder)
     tokenizer, target, draft = load_pair(folder)
     texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens)
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
@@ -237,6 +265,7 @@ def multidraft_gap(folder, positions: int = 16, k: int = 2, top: int = 7, seed: 
     """Exact acceptance of each multi-draft rule vs the optimum, at ``positions`` real positions."""
     from ..core.multidraft import acceptance_rate, optimal_acceptance
 
+    folder = pair_folder(folder)
     tokenizer, target, draft = load_pair(folder)
     prompts = held_out_prompts(folder, tokenizer, positions, prompt_tokens, seed=seed)
     rates = {"rsd (without replacement)": [], "spectr (iid)": [], "recursive_iid (iid)": [],

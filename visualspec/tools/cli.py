@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # bad input, a missing file, a file where a folder belongs, ...
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -25,12 +25,14 @@ def default_model() -> tuple[str, str]:
 
 
 def shipped_or_path(model: str) -> str:
-    """``model`` as given, or the shipped folder of that name (``shapes-lumina``) when no such path
-    exists here."""
+    """``model`` as given, or the shipped folder of that name when no such path exists here:
+    ``shapes-lumina``, or ``assets/shapes-lumina`` (as the docs write it, from any folder)."""
     from ..assets import ASSETS
 
-    if not Path(model).exists() and "/" not in model and (ASSETS / model / "model_index.json").is_file():
-        return str(ASSETS / model)
+    path = Path(model)
+    if not path.exists() and path.parts in ((path.name,), ("assets", path.name)) \
+            and (ASSETS / path.name / "model_index.json").is_file():
+        return str(ASSETS / path.name)
     return model
 
 

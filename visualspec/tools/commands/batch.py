@@ -6,7 +6,7 @@ import contextlib
 import json
 
 from ..loading import device_name, load_pipeline
-from .options import add_image_options, call_options
+from .options import add_image_options, call_options, count_arg
 
 
 def register(sub, common) -> None:
@@ -15,10 +15,10 @@ def register(sub, common) -> None:
     bt.add_argument("--prompts", required=True, metavar="FILE",
                     help="prompt file: .jsonl (GenEval metadata, one object per line) or text (one prompt per line)")
     bt.add_argument("--out", required=True, metavar="DIR", help="output folder (DIR/00000/samples/0000.png ...)")
-    bt.add_argument("--images-per-prompt", type=int, default=4)
-    bt.add_argument("--batch-size", type=int, default=16,
+    bt.add_argument("--images-per-prompt", type=count_arg, default=4)
+    bt.add_argument("--batch-size", type=count_arg, default=16,
                     help="images decoding at once; a finished image's place goes to the next (continuous batching)")
-    bt.add_argument("--chunk-size", type=int, default=None,
+    bt.add_argument("--chunk-size", type=count_arg, default=None,
                     help="images per chunk, the unit of resume and sharding (default: 4 x --batch-size); "
                          "with --batch-size, part of what fixes the pixels")
     bt.add_argument("--rank", type=int, default=None, help="this shard (with --world-size; default: from torchrun)")
@@ -32,8 +32,13 @@ def register(sub, common) -> None:
 def run(args) -> int:
     from ..batch import (check_prompts, combine_summaries, distributed_context, gather_summaries, generate_batch,
                          rank_zero_first, read_prompt_lines)
+    from ..paths import check_output_folder
 
     lines = read_prompt_lines(args.prompts)  # every rank fails the same way on a bad file, before any rendezvous
+    if not lines:
+        raise ValueError(f"{args.prompts} has no prompts (blank lines and lines starting with # are skipped); "
+                         f"nothing was written")
+    check_output_folder(args.out, "--out")
     prompts = [meta for _, meta in lines]
     if (args.rank is None) != (args.world_size is None):
         raise ValueError("give both --rank and --world-size, or neither (torchrun / accelerate set them)")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..loading import device_name, load_pipeline
-from .options import add_image_options, call_options, flag
+from .options import add_image_options, call_options, count_arg, flag
 
 
 def register(sub, common) -> None:
@@ -17,13 +17,13 @@ def register(sub, common) -> None:
                         "sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, gsd, speculative, each also +compiled (the "
                         "compiled step; otherwise eager); continuous-token models: ar, cspd, cspd+flat, each "
                         "optionally @STEPS for that many diffusion-head steps. Speed-ups are over the fastest AR mode")
-    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1],
+    b.add_argument("--batch-sizes", type=count_arg, nargs="+", default=[1],
                    help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
-    b.add_argument("--images", type=int, default=4, help="images per mode")
+    b.add_argument("--images", type=count_arg, default=4, help="images per mode")
     b.add_argument("--json", help="also write the results to this JSON file")
     b.add_argument("--quality", action="store_true",
                    help="shapes world: benchmark on GenEval-shapes prompts and score GenEval-shapes and FID-shapes")
-    b.add_argument("--per-task", type=int, default=20, help="with --quality: prompts per GenEval task")
+    b.add_argument("--per-task", type=count_arg, default=20, help="with --quality: prompts per GenEval task")
     b.add_argument("--keep-images", metavar="DIR", help="keep the generated images here (one folder per mode)")
     b.add_argument("--device", default=None, help="default: cuda when CUDA is available, else cpu")
     add_image_options(b, decoding=False)
@@ -32,11 +32,18 @@ def register(sub, common) -> None:
 
 def run(args) -> int:
     from ..bench import run_benchmark
+    from ..paths import check_output_file, check_output_folder, write_text_atomic
 
+    if args.json:
+        check_output_file(args.json, "--json")
+    if args.keep_images:
+        check_output_folder(args.keep_images, "--keep-images")
+    if args.modes is not None and not [m for m in args.modes.split(",") if m.strip()]:
+        raise ValueError(f"--modes names no mode ({args.modes!r}); give comma-separated modes, e.g. ar,sjd")
     pipe = load_pipeline(args.model, args.draft_model)
     cls = type(pipe)
-    names = [m for m in (args.modes.split(",") if args.modes else cls.default_bench_modes) if m]
-    modes = {m: cls.bench_mode(m) for m in (names or ["ar"])}
+    names = [m.strip() for m in (args.modes.split(",") if args.modes else cls.default_bench_modes) if m.strip()]
+    modes = {m: cls.bench_mode(m) for m in names}
     kwargs = call_options(pipe, args)
     by_mode = sorted({k for settings in modes.values() for k in settings} & set(kwargs))
     if by_mode:
@@ -61,5 +68,5 @@ def run(args) -> int:
               f"{result['machine']}")
         print(result["table"], flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(results if len(results) > 1 else results[0], indent=2) + "\n")
     return 0

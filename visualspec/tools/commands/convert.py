@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .options import count_arg
+
 
 def register(sub, common) -> None:
     c = sub.add_parser("convert-llamagen", parents=[common], help="official LlamaGen checkpoints -> pipeline folder")
@@ -9,7 +11,7 @@ def register(sub, common) -> None:
     c.add_argument("--gpt-model", required=True, help="size: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B")
     c.add_argument("--vq", required=True, help="VQ tokenizer checkpoint (vq_ds16_c2i.pt ...)")
     c.add_argument("--vq-model", default="VQ-16", choices=["VQ-16", "VQ-8"])
-    c.add_argument("--image-size", type=int, default=256)
+    c.add_argument("--image-size", type=count_arg, default=256)
     c.add_argument("--text-encoder", help="local flan-t5-xl folder (text-conditional models)")
     c.add_argument("--key", help="checkpoint entry holding the weights (default: model, ema, module, state_dict)")
     c.add_argument("--out", required=True)
@@ -21,7 +23,7 @@ def register(sub, common) -> None:
     lu.add_argument("--vqgan", help="Lumina-mGPT 1: Chameleon's tokenizer/vqgan.ckpt")
     lu.add_argument("--vqgan-config", help="Lumina-mGPT 1: Chameleon's tokenizer/vqgan.yaml")
     lu.add_argument("--movqgan", help="Lumina-mGPT 2.0: movqgan_270M.ckpt")
-    lu.add_argument("--size", type=int, default=768, help="the checkpoint's image size in pixels (512, 768, 1024)")
+    lu.add_argument("--size", type=count_arg, default=768, help="the checkpoint's image size in pixels (512, 768, 1024)")
     lu.add_argument("--tokenizer", help="folder with the text tokenizer (default: the model folder)")
     lu.add_argument("--out", required=True)
     lu.set_defaults(func=convert_lumina)

@@ -40,6 +40,11 @@ def geneval_main(argv=None) -> int:
     parser.add_argument("--options", nargs="*", default=[], metavar="KEY=VALUE",
                         help=f"GenEval options: {', '.join(DEFAULT_OPTIONS)}")
     args = parser.parse_args(argv)
+    from ..paths import check_output_file, write_text_atomic
+
+    for option in ("outfile", "json"):  # before scoring, not after
+        if getattr(args, option):
+            check_output_file(getattr(args, option), "--" + option)
     try:
         options = dict(opt.split("=", 1) for opt in args.options)
     except ValueError:
@@ -54,7 +59,7 @@ def geneval_main(argv=None) -> int:
         return 2
     print(format_summary(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(summary, indent=2) + "\n")
     return 0
 
 
@@ -74,6 +79,12 @@ def run(args) -> int:
     parser.add_argument("--features", default="shapes", choices=["shapes", "inception"])
     parser.add_argument("--inception-weights", help="pt_inception-2015-12-05-6726825d.pth (pytorch-fid's weights)")
     opts = parser.parse_args(args.rest)
+    if opts.ref is not None:
+        ref = Path(opts.ref)
+        if not ref.exists():
+            raise ValueError(f"--ref {opts.ref!r} does not exist (give statistics .npz or an image folder)")
+        if ref.is_file() and ref.suffix.lower() != ".npz":
+            raise ValueError(f"--ref {opts.ref!r} is neither statistics .npz nor an image folder")
     if opts.features == "inception":
         if not opts.inception_weights or not opts.ref:
             raise ValueError("--features inception needs --inception-weights FILE and --ref FILE")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..loading import load_pipeline
-from .options import add_image_options, atomic_save, call_options, check_image_path, condition
+from .options import add_image_options, atomic_save, call_options, check_image_path, condition, count_arg
 
 
 def register(sub, common) -> None:
@@ -14,7 +14,7 @@ def register(sub, common) -> None:
     g.add_argument("prompt", nargs="?", help="text prompt (text-conditional models)")
     g.add_argument("--class-label", type=int, default=None, help="class label (class-conditional models)")
     g.add_argument("-o", "--output", default="out.png")
-    g.add_argument("--num-images", type=int, default=1)
+    g.add_argument("--num-images", type=count_arg, default=1)
     g.add_argument("--stats", action="store_true", help="print the decode statistics")
     g.add_argument("--acceptance-map", metavar="FILE", help="write the per-token acceptance iteration as a picture")
     add_image_options(g)
@@ -24,9 +24,9 @@ def register(sub, common) -> None:
 def run(args) -> int:
     check_image_path(args.output)
     if args.acceptance_map:
-        check_image_path(args.acceptance_map)
+        check_image_path(args.acceptance_map, "--acceptance-map")
     if args.decoding == "speculative" and not args.draft_model:
-        raise SystemExit("error: --decoding speculative needs --draft-model FOLDER (a smaller model of the same "
+        raise ValueError("--decoding speculative needs --draft-model FOLDER (a smaller model of the same "
                          "vocabulary), or use --decoding sjd")
     pipe = load_pipeline(args.model, args.draft_model)
     kwargs = call_options(pipe, args)

@@ -42,6 +42,17 @@ def compile_arg(text: str):
     return "auto" if text == "auto" else text == "on"
 
 
+def count_arg(text: str) -> int:
+    """A count on the command line: an integer >= 1 (argparse names the option in its message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def threads_arg(text: str) -> int:
     try:
         value = int(text)
@@ -120,22 +131,26 @@ def condition(args):
     """The prompt or the class label of ``generate``, as the pipeline is conditioned."""
     if args.class_label is not None:
         if args.prompt:
-            raise SystemExit("error: give a prompt or --class-label, not both")
+            raise ValueError("give a prompt or --class-label, not both")
         return args.class_label
     if not args.prompt:
-        raise SystemExit("error: give a prompt (text model) or --class-label N (class model)")
+        raise ValueError("give a prompt (text model) or --class-label N (class model)")
     return args.prompt
 
 
-def check_image_path(path: str) -> str:
-    """An output path whose extension Pillow can write, else a clear error (before any work)."""
+def check_image_path(path: str, option: str = "-o") -> str:
+    """An output path whose extension Pillow can write, not a folder, else a clear error (before
+    any work)."""
     from PIL import Image
 
+    from ..paths import check_output_file
+
+    check_output_file(path, option)
     ext = Path(path).suffix.lower()
     known = Image.registered_extensions()
     if ext not in known or known[ext] not in Image.SAVE:
         usable = ", ".join(e for e in (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif") if e in known)
-        raise SystemExit(f"error: cannot write an image to {path!r}: unknown extension {ext or '(none)'!r}; "
+        raise ValueError(f"cannot write an image to {path!r}: unknown extension {ext or '(none)'!r}; "
                          f"use one of {usable}")
     return path
 

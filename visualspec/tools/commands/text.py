@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from .options import count_arg
 
 
 def register(sub, common) -> None:
     bt = sub.add_parser("bench-text", parents=[common],
                         help="text speculative decoding vs transformers' generate and assisted generation")
     bt.add_argument("--pair", default=None, help="folder written by train-text (default: the shipped pair)")
-    bt.add_argument("--prompts", type=int, default=8)
-    bt.add_argument("--new-tokens", type=int, default=128)
-    bt.add_argument("--window", type=int, default=6, help="tokens per target forward (model-free drafters)")
-    bt.add_argument("--draft-window", type=int, default=10, help="the draft model's window (drafts + 1)")
+    bt.add_argument("--prompts", type=count_arg, default=8)
+    bt.add_argument("--new-tokens", type=count_arg, default=128)
+    bt.add_argument("--window", type=count_arg, default=6, help="tokens per target forward (model-free drafters)")
+    bt.add_argument("--draft-window", type=count_arg, default=10, help="the draft model's window (drafts + 1)")
     bt.add_argument("--draft-stop-below", type=float, default=0.2,
                     help="the draft model stops drafting below this confidence")
     bt.add_argument("--compile", choices=("off", "on", "both"), default="both",
@@ -24,10 +25,13 @@ def register(sub, common) -> None:
 
 
 def run(args) -> int:
-    from ...assets import TEXT_PAIR
-    from ..bench_text import multidraft_gap, run_text_benchmark
+    from ..bench_text import multidraft_gap, pair_folder, run_text_benchmark
 
-    args.pair = args.pair or str(TEXT_PAIR)
+    from ..paths import check_output_file, write_text_atomic
+
+    args.pair = pair_folder(args.pair)  # a missing or wrong folder is named before anything loads
+    if args.json:
+        check_output_file(args.json, "--json")
     result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
                                 draft_window=args.draft_window, stop_below=args.draft_stop_below,
                                 compile=args.compile)
@@ -35,6 +39,6 @@ def run(args) -> int:
         result["multidraft_gap"] = multidraft_gap(args.pair)
     text = json.dumps(result, indent=1)
     if args.json:
-        Path(args.json).write_text(text + "\n")
+        write_text_atomic(args.json, text + "\n")
     print(text)
     return 0

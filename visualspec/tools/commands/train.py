@@ -23,7 +23,7 @@ def register(sub, common) -> None:
                    help="first train the text encoder this many steps to predict each word's neighbours, so its "
                         "features carry word order, then freeze it (the shipped recipe: 500; 0: no text stage, "
                         "the encoder trains with the GPT)")
-    t.set_defaults(func=train_shapes)
+    t.set_defaults(func=checked(train_shapes))
 
     for name, func, what, out, seeded in (
             ("train-continuous", train_continuous, "train a continuous-token target and draft on the shapes world "
@@ -39,10 +39,26 @@ def register(sub, common) -> None:
         tr.add_argument("--work-dir", default=str(cache_dir() / name), help="checkpoints; rerun to resume")
         if seeded:
             tr.add_argument("--seed", type=int, help="default: the recipe's (0)")
-        tr.set_defaults(func=func)
+        tr.set_defaults(func=checked(func))
+
+
+def checked(train):
+    """``train`` after its folders are checked: hours of training must not end in a folder that is
+    a file (``--out``, ``--features-out``, ``--work-dir``)."""
+    def run(args) -> int:
+        from ..paths import check_output_folder
+
+        for option in ("out", "features_out", "work_dir"):
+            if getattr(args, option, None):
+                check_output_folder(getattr(args, option), "--" + option.replace("_", "-"))
+        return train(args)
+    return run
 
 
 def train_shapes(args) -> int:
+    if not (args.out or args.features_out):
+        raise ValueError("train-shapes needs --out FOLDER (the pipeline), --features-out FOLDER (the FID-shapes "
+                         "features), or both")
     from ...training.shapes import ShapesTrainingConfig, train_feature_net, train_shapes as train
 
     if args.features_out:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..loading import world_model
+from .options import count_arg
 
 
 def register(sub, common) -> None:
@@ -14,9 +15,9 @@ def register(sub, common) -> None:
     v.add_argument("--actions", help="comma-separated keys (none, up, down, left, right), each optionally with a "
                                      "frame count (right:30); keys without a count share --frames evenly; "
                                      "default: random keys")
-    v.add_argument("--frames", type=int, default=None, help="frames to generate")
-    v.add_argument("--steps", type=int, default=None)
-    v.add_argument("--speculate", type=int, default=4, help="frames generated ahead while the action persists")
+    v.add_argument("--frames", type=count_arg, default=None, help="frames to generate")
+    v.add_argument("--steps", type=count_arg, default=None)
+    v.add_argument("--speculate", type=count_arg, default=4, help="frames generated ahead while the action persists")
     v.add_argument("--teacher", action="store_true", help="use the undistilled model")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--stats", action="store_true", help="print the statistics instead of the file name")
@@ -26,18 +27,22 @@ def register(sub, common) -> None:
     bv = sub.add_parser("bench-video", parents=[common],
                         help="world model frames per second: teacher, distilled, speculation")
     bv.add_argument("--model")
-    bv.add_argument("--frames", type=int, default=300)
-    bv.add_argument("--rounds", type=int, default=3)
+    bv.add_argument("--frames", type=count_arg, default=300)
+    bv.add_argument("--rounds", type=count_arg, default=3)
     bv.add_argument("--seed", type=int, default=0)
     bv.add_argument("--quality", action="store_true", help="also one-step PSNR and 60-frame player rollouts")
-    bv.add_argument("--episodes", type=int, default=16)
+    bv.add_argument("--episodes", type=count_arg, default=16)
     bv.add_argument("--json", help="write the results here")
     bv.set_defaults(func=run_bench_video)
 
 
 def run_video(args) -> int:
     from ...pipelines import export_video
+    from ..paths import check_output_file
 
+    check_output_file(args.output, "-o")
+    if Path(args.output).suffix.lower() not in (".mp4", ".gif"):
+        raise ValueError(f"-o {args.output!r}: export to .mp4 or .gif")
     actions = action_script(args.actions, args.frames) if args.actions else None
     pipe = world_model(args.model)
     out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
@@ -80,7 +85,10 @@ def action_script(text: str, frames: int | None) -> list[str]:
 
 def run_bench_video(args) -> int:
     from ..bench import run_video_benchmark
+    from ..paths import check_output_file, write_text_atomic
 
+    if args.json:
+        check_output_file(args.json, "--json")
     pipe = world_model(args.model)
     result = run_video_benchmark(pipe, frames=args.frames, rounds=args.rounds, seed=args.seed)
     if args.quality:
@@ -93,7 +101,7 @@ def run_bench_video(args) -> int:
                            rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)],
         }
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
     print(result["table"])
     if args.quality:
         print(json.dumps(result["quality"], indent=1))
