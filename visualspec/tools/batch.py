@@ -45,16 +45,15 @@ import contextlib
 import datetime
 import json
 import os
-import secrets
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 from ..core.checks import check_int, check_positive_int
 from ..core.stats import merge_decode_stats
-from .paths import check_output_folder
+from .paths import atomic_write, check_output_folder
 
 CONFIG_NAME = "batch_config.json"
 _MASK64 = (1 << 64) - 1
@@ -154,29 +153,6 @@ def prompt_dir(out_dir, index: int) -> Path:
 
 def sample_path(out_dir, index: int, sample: int) -> Path:
     return prompt_dir(out_dir, index) / "samples" / f"{sample:04d}.png"
-
-
-def atomic_write(path, write: Callable[[Any], None]) -> None:
-    """Write ``path`` through ``write(binary_file)`` under a hidden temporary name in the same
-    folder, then ``os.replace`` it into place. On any failure (an interrupt included) the temporary
-    file is removed and ``path`` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:  # like tempfile.mkstemp, but with the usual 0o666 & ~umask permissions, not 0o600
-        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _write_json(path, obj, indent=None) -> None:

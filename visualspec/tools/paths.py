@@ -3,8 +3,11 @@ minutes or hours of generating or training, says what is wrong first. Imports no
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 from pathlib import Path
+from typing import Any, Callable
 
 
 def _file_above(path: Path) -> Path | None:
@@ -39,14 +42,29 @@ def check_output_file(path: str | os.PathLike, what: str = "the output file") ->
     return path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` under a hidden temporary name in its folder, then rename it into
-    place: a reader never sees half a file, and an interrupted write leaves the old one."""
+def atomic_write(path, write: Callable[[Any], None]) -> None:
+    """Write ``path`` through ``write(binary_file)`` under a hidden temporary name in the same
+    folder, then ``os.replace`` it into place. On any failure (an interrupt included) the temporary
+    file is removed and ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    while True:  # like tempfile.mkstemp, but with the usual 0o666 & ~umask permissions, not 0o600
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
-        tmp.write_text(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(text.encode()))
