@@ -324,12 +324,12 @@ class HFCausalLM:
         """Run window forwards of up to :data:`COMPILED_WINDOWS` tokens through ``torch.compile``
         (``enabled=False``: eagerly again, on the cache the adapter was made with); ``mode`` is
         ``torch.compile``'s. Compiling needs the static cache, so this sets ``static`` too (from
-        the next :meth:`prefill`). A window runs
-        in its :func:`window_bucket`, so a decode needs one graph per power of two up to its
-        longest window (and per batch size and cache length), each compiled once (:meth:`precompile`
-        compiles them before a decode, with one progress line each). Prefills, trees and refills
-        stay eager, and so do the rows left once some have finished (:meth:`select`), unless their
-        bucket was compiled before: nothing compiles mid-decode."""
+        the next :meth:`prefill`). A window runs in its :func:`window_bucket`, so a decode needs
+        one graph per power of two up to its longest window (and per batch size and cache
+        length), each compiled once (:meth:`precompile` compiles them before a decode, with one
+        progress line each). Prefills, trees and refills stay eager, and so do the rows left once
+        some have finished (:meth:`select`), unless their bucket was compiled before: nothing
+        compiles mid-decode."""
         if enabled:
             self.static = True
             compiler = _COMPILERS.get(self.model)
