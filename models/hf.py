@@ -284,7 +284,7 @@ class HFCausalLM:
         allowed = torch.cat([self.column_valid[:, None, :].expand(B, N, past), ancestors[None].expand(B, N, N)], dim=2)
         if self.static:  # the columns past the tree are invisible
             allowed = torch.nn.functional.pad(allowed, (0, self._static_columns() - past - N))
-        mask = additive_mask(allowed[:, None], self.model.get_output_embeddings().weight.dtype)
+        mask = additive_mask(allowed[:, None], self._dtype)
         positions = start[:, None] + depths[None].to(tokens.device)
         logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
                               past_key_values=self.cache, use_cache=True).float()
@@ -319,6 +319,11 @@ class HFCausalLM:
             setattr(self, name, value)
 
     # ------------------------------------------------------------------ the static cache and compiled step (#48)
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The model's float dtype (its LM head's): the masks' and the compiled graphs'."""
+        return self.model.get_output_embeddings().weight.dtype
 
     def compile_step(self, enabled: bool = True, mode: str | None = None) -> None:
         """Run window forwards of up to :data:`COMPILED_WINDOWS` tokens through ``torch.compile``
@@ -355,9 +360,9 @@ class HFCausalLM:
             raise RuntimeError("precompile() compiles the compiled step: call compile_step() first")
         input_ids = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
         rows, columns = input_ids.shape[0], static_length(input_ids.shape[1] + max_new_tokens + STATIC_SLACK)
-        dtype = self.model.get_output_embeddings().weight.dtype
         runs = sorted({window_bucket(w) for w in windows if 1 <= w <= COMPILED_WINDOWS})
-        todo = [run for run in runs if _bucket(rows, run, columns, dtype, input_ids.device, self.head_rows is not None)
+        todo = [run for run in runs
+                if _bucket(rows, run, columns, self._dtype, input_ids.device, self.head_rows is not None)
                 not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)
@@ -375,10 +380,9 @@ class HFCausalLM:
             extra = torch.arange(1, run - L + 1, device=tokens.device)
             tokens = torch.cat([tokens, tokens.new_zeros(B, run - L)], 1)
             positions = torch.cat([positions, positions[:, -1:] + extra], 1)
-        valid = self._static_mask_columns(L)
+        valid = self._static_mask_columns(L, room=run)
         start = torch.tensor(self.column_valid.shape[1], device=tokens.device)
-        key = _bucket(B, run, valid.shape[1], self.model.get_output_embeddings().weight.dtype, tokens.device,
-                      self.head_rows is not None)
+        key = _bucket(B, run, valid.shape[1], self._dtype, tokens.device, self.head_rows is not None)
         if self._compiled and run <= COMPILED_WINDOWS and (B == self._prefill_rows or key in self._compiler.compile_s):
             logits = self._compiler(key, self, _dense(tokens), _dense(positions), valid, start)
         else:  # rows that finished left the batch: the rest runs eagerly rather than compile mid-decode
@@ -388,9 +392,10 @@ class HFCausalLM:
             logits = logits[:, :L]
         return logits.float()
 
-    def _static_mask_columns(self, length: int) -> torch.Tensor:
-        """(B, M) bool: the valid cache columns, then ``length`` window columns (after room is made)."""
-        self._make_room(max(length, window_bucket(length) if length <= COMPILED_WINDOWS else length))
+    def _static_mask_columns(self, length: int, room: int) -> torch.Tensor:
+        """(B, M) bool: the valid cache columns, then ``length`` window columns, once there is room
+        for ``room`` >= ``length`` columns (the window and its padding)."""
+        self._make_room(room)
         past = self.column_valid.shape[1]
         valid = self.column_valid.new_zeros(self.column_valid.shape[0], self._static_columns())
         valid[:, :past] = self.column_valid
@@ -401,7 +406,7 @@ class HFCausalLM:
         """The additive (B, 1, L, M) mask of a window at columns ``start ..`` over ``valid`` (B, <= M)."""
         padded = torch.nn.functional.pad(valid, (0, self._static_columns() - valid.shape[1]))
         return additive_mask(visible(padded, torch.tensor(start), length),
-                             self.model.get_output_embeddings().weight.dtype)
+                             self._dtype)
 
     def _static_columns(self) -> int:
         return self.cache.layers[0].max_cache_len
@@ -447,7 +452,7 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
 def _window_forward(lm: HFCausalLM, tokens, positions, valid, start):
     """``lm``'s forward of a window fed at cache columns ``start ..`` (a 0-d tensor), position ids
     ``positions`` (B, L), attending the columns ``valid`` (B, M) causally (:func:`visible`)."""
-    mask = additive_mask(visible(valid, start, tokens.shape[1]), lm.model.get_output_embeddings().weight.dtype)
+    mask = additive_mask(visible(valid, start, tokens.shape[1]), lm._dtype)
     return lm._logits(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=lm.cache,
                       use_cache=True)
 

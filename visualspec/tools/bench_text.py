@@ -34,16 +34,16 @@ PAIR_PARTS = ("tokenizer", "target", "draft")
 def pair_folder(folder=None) -> Path:
     """The folder of a text pair (``train-text``'s output: ``tokenizer/``, ``target/``, ``draft/``).
 
-    ``None``, ``"text-pair"`` or ``"assets/text-pair"`` where no such folder exists here is the
-    shipped pair, from any working folder; anything else is a path, and a missing one, or one
-    without the three parts, is a FileNotFoundError that names it."""
-    from ..assets import ASSETS, TEXT_PAIR
+    ``None`` is the shipped pair; ``"text-pair"`` or ``"assets/text-pair"`` where no such folder
+    exists here is too, from any working folder (:func:`~visualspec.tools.loading.shipped_folder`);
+    anything else is a path, and a missing one, or one without the three parts, is a
+    FileNotFoundError that names it."""
+    from ..assets import TEXT_PAIR
+    from .loading import shipped_folder
 
     if folder is None:
         return TEXT_PAIR
-    path = Path(folder)
-    if not path.exists() and not path.is_absolute() and path.parts in (("text-pair",), ("assets", "text-pair")):
-        return ASSETS / path.name
+    path = shipped_folder(folder) or Path(folder)
     if not path.is_dir():
         raise FileNotFoundError(f"no text pair folder {str(path)!r}" + (" (it is a file)" if path.exists() else "")
                                 + "; the shipped pair is 'text-pair' (visualspec.assets.TEXT_PAIR)")

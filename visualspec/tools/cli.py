@@ -26,14 +26,14 @@ import sys
 
 from .commands import COMMANDS
 from .commands.evaluate import EVAL_HELP
-from .commands.options import threads_arg
+from .commands.options import count_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="visualspec", description="Fast autoregressive image and video generation "
                                      "with speculative decoding.")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--threads", type=threads_arg, default=None,
+    common.add_argument("--threads", type=count_arg, default=None,
                         help="torch threads (default: torch's own, one per core); on a machine where other "
                              "work is running, fewer threads (often 1) can be several times faster")
     sub = parser.add_subparsers(dest="command", required=True)

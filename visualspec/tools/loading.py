@@ -9,10 +9,6 @@ from pathlib import Path
 from ..core.home import home
 
 
-def cache_dir() -> Path:
-    return home()
-
-
 def default_model() -> tuple[str, str]:
     """(folder, description) of the default model: the shipped one. A missing shipped model is an
     error that says so; the tiny random model (tests only) is never substituted for it."""
@@ -24,23 +20,29 @@ def default_model() -> tuple[str, str]:
     return str(shipped), "shipped shapes model"
 
 
-def shipped_or_path(model: str) -> str:
-    """``model`` as given, or the shipped folder of that name when no such path exists here:
-    ``shapes-lumina``, or ``assets/shapes-lumina`` (as the docs write it, from any folder)."""
+def shipped_folder(name) -> Path | None:
+    """The shipped folder ``name`` means where no such path exists here: ``shapes-lumina`` or
+    ``assets/shapes-lumina`` (as the docs write it), from any working folder; else None."""
     from ..assets import ASSETS
 
-    path = Path(model)
-    if not path.exists() and path.parts in ((path.name,), ("assets", path.name)) \
-            and (ASSETS / path.name / "model_index.json").is_file():
-        return str(ASSETS / path.name)
-    return model
+    path = Path(name)
+    if path.exists() or path.parts not in ((path.name,), ("assets", path.name)):
+        return None
+    folder = ASSETS / path.name
+    return folder if folder.is_dir() else None
+
+
+def shipped_or_path(model: str) -> str:
+    """``model`` as given, or the shipped pipeline folder it names (:func:`shipped_folder`)."""
+    folder = shipped_folder(model)
+    return str(folder) if folder is not None and (folder / "model_index.json").is_file() else model
 
 
 def tiny_random_folder() -> str:
     """The tiny random model's folder in the cache, built offline on first use."""
     from ..pipelines.tiny import tiny_random_pipeline
 
-    folder = cache_dir() / "tiny-random-llamagen"
+    folder = home() / "tiny-random-llamagen"
     if not (folder / "model_index.json").is_file():
         tiny_random_pipeline(seed=0).save_pretrained(folder)
     return str(folder)

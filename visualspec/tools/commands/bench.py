@@ -38,12 +38,12 @@ def run(args) -> int:
         check_output_file(args.json, "--json")
     if args.keep_images:
         check_output_folder(args.keep_images, "--keep-images")
-    if args.modes is not None and not [m for m in args.modes.split(",") if m.strip()]:
+    given = None if args.modes is None else [m.strip() for m in args.modes.split(",") if m.strip()]
+    if given == []:
         raise ValueError(f"--modes names no mode ({args.modes!r}); give comma-separated modes, e.g. ar,sjd")
     pipe = load_pipeline(args.model, args.draft_model)
     cls = type(pipe)
-    names = [m.strip() for m in (args.modes.split(",") if args.modes else cls.default_bench_modes) if m.strip()]
-    modes = {m: cls.bench_mode(m) for m in names}
+    modes = {m: cls.bench_mode(m) for m in (given or cls.default_bench_modes)}
     kwargs = call_options(pipe, args)
     by_mode = sorted({k for settings in modes.values() for k in settings} & set(kwargs))
     if by_mode:

@@ -9,7 +9,6 @@ Parsing imports neither torch nor any pipeline.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 # must match visualspec.drafters.INIT_SCHEMES (tests/tools/test_cli.py checks), so parsing needs no torch
@@ -50,16 +49,6 @@ def count_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def threads_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--threads must be an integer >= 1, got {text!r}")
     return value
 
 
@@ -156,11 +145,11 @@ def check_image_path(path: str, option: str = "-o") -> str:
 
 
 def atomic_save(image, path: str) -> None:
-    """Write ``image`` to ``path`` under a hidden temporary name, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write ``image`` to ``path`` atomically (:func:`visualspec.tools.paths.atomic_write`), in the
+    format its extension names."""
     from PIL import Image
 
-    image.save(tmp, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
-    os.replace(tmp, path)
+    from ..paths import atomic_write
+
+    image_format = Image.registered_extensions().get(Path(path).suffix.lower(), "PNG")
+    atomic_write(path, lambda f: image.save(f, format=image_format))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..loading import cache_dir
+from ...core.home import home
 
 
 def register(sub, common) -> None:
@@ -12,7 +12,7 @@ def register(sub, common) -> None:
                        help="train the shapes-world model (and the FID-shapes features)")
     t.add_argument("--out", help="pipeline folder to write (e.g. assets/shapes-t2i)")
     t.add_argument("--features-out", help="also train the FID-shapes feature network into this folder")
-    t.add_argument("--work-dir", default=str(cache_dir() / "train-shapes"), help="checkpoints; rerun to resume")
+    t.add_argument("--work-dir", default=str(home() / "train-shapes"), help="checkpoints; rerun to resume")
     # defaults (None) come from ShapesTrainingConfig, the shipped recipe
     t.add_argument("--seed", type=int, help="the model's seed (the shipped run's: 0); the FID-shapes network's is fixed")
     t.add_argument("--caption-order", choices=["raster", "random"],
@@ -36,7 +36,7 @@ def register(sub, common) -> None:
              "folder to write (tokenizer/, target/, draft/)", False)):
         tr = sub.add_parser(name, parents=[common], help=what)
         tr.add_argument("--out", required=True, help=out)
-        tr.add_argument("--work-dir", default=str(cache_dir() / name), help="checkpoints; rerun to resume")
+        tr.add_argument("--work-dir", default=str(home() / name), help="checkpoints; rerun to resume")
         if seeded:
             tr.add_argument("--seed", type=int, help="default: the recipe's (0)")
         tr.set_defaults(func=checked(func))
