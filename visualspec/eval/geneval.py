@@ -89,13 +89,16 @@ _SAMPLE_NAME = re.compile(r"\d+\.png")  # matched in full (GenEval's re.match wo
 
 @dataclass
 class Detection:
-    """One detected object. ``box`` is (x0, y0, x1, y1) in pixels, x1/y1 exclusive."""
+    """One detected object. ``box`` is (x0, y0, x1, y1) in pixels, x1/y1 exclusive. ``broken`` says
+    the object is counted but imperfect, ``flaws`` how (None: the detector does not say)."""
 
     class_name: str
     score: float
     box: tuple[float, float, float, float]
     color: str | None = None
     mask: np.ndarray | None = field(default=None, repr=False)  # (H, W) bool over the whole image
+    broken: bool | None = None
+    flaws: tuple[str, ...] = ()
 
 
 class Detector(Protocol):
@@ -364,7 +367,7 @@ def evaluate_image(image, metadata: dict, detector, filename: str = "", **option
     correct, reason = judge(objects, metadata, lambda objs, name: _colors_of(detector, image, objs, name),
                             opts["position_threshold"])
     details = {name: [[float(v) for v in d.box] + [float(d.score)] for d in dets] for name, dets in objects.items()}
-    return {
+    record = {
         "filename": str(filename),
         "tag": metadata["tag"],
         "prompt": metadata["prompt"],
@@ -373,6 +376,10 @@ def evaluate_image(image, metadata: dict, detector, filename: str = "", **option
         "metadata": json.dumps(metadata),
         "details": json.dumps(details),
     }
+    if any(d.broken is not None for dets in objects.values() for d in dets):
+        # what is wrong with each kept object, in the order of ``details`` ([] for a whole one)
+        record["flaws"] = json.dumps({name: [list(d.flaws) for d in dets] for name, dets in objects.items()})
+    return record
 
 
 def evaluate_images(folder, detector, **options) -> list[dict]:
