@@ -131,7 +131,8 @@ def test_every_command_names_its_mistakes_before_any_work(place, argv, message, 
 @pytest.mark.parametrize("argv", [["bench", "--batch-sizes", "1", "0"], ["batch", "--prompts", "p", "--out", "o",
                                   "--images-per-prompt", "0"], ["generate", "x", "--num-images", "-1"],
                                   ["bench-text", "--new-tokens", "0"], ["video", "--frames", "0"],
-                                  ["bench-video", "--episodes", "0"], ["prompts", "--per-task", "zero"]])
+                                  ["bench-video", "--episodes", "0"], ["bench-video", "--speculate", "2", "0"],
+                                  ["prompts", "--per-task", "zero"]])
 def test_counts_below_one_are_refused_by_argparse_naming_the_option(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)

@@ -32,6 +32,8 @@ def register(sub, common) -> None:
     bv.add_argument("--seed", type=int, default=0)
     bv.add_argument("--quality", action="store_true", help="also one-step PSNR and 60-frame player rollouts")
     bv.add_argument("--episodes", type=count_arg, default=16)
+    bv.add_argument("--speculate", type=count_arg, nargs="+", default=[4],
+                    help="with --quality: frames speculated ahead in the speculative rollouts, one row each (default 4)")
     bv.add_argument("--json", help="write the results here")
     bv.set_defaults(func=run_bench_video)
 
@@ -97,7 +99,7 @@ def run_bench_video(args) -> int:
         result["quality"] = {
             "one_step": [one_step_psnr(pipe, episodes=args.episodes), one_step_psnr(pipe, args.episodes, use_teacher=True)],
             "rollout_60": [rollout_player_error(pipe, episodes=args.episodes),
-                           rollout_player_error(pipe, episodes=args.episodes, speculate=4),
+                           *(rollout_player_error(pipe, episodes=args.episodes, speculate=k) for k in args.speculate),
                            rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)],
         }
     if args.json:
