@@ -39,7 +39,7 @@ from visualspec.worlds.shapes import BACKGROUND, CANVAS, COLORS, MAX_SIZE, MIN_S
 
 WHOLE = ("exact", "aspect", "edge noise", "blur", "colour shift", "all at once")
 BROKEN = ("piece missing", "two colours", "run together")
-GRID = dict(temperature=(0.01, 0.02, 0.03), fit_whole=(0.6, 0.7, 0.8), split_below=(0.6, 0.7))
+GRID = dict(temperature=(0.01, 0.02, 0.03), shape_whole=(0.6, 0.65))
 
 
 def _object(rng, w=None, h=None):
@@ -132,7 +132,7 @@ def calibrate(per_task: int = 200, seed: int = 1) -> tuple[dict, list]:
     results = []
     for values in itertools.product(*GRID.values()):
         settings = dict(zip(GRID, values))
-        settings["fit_none"] = round(settings["fit_whole"] - 0.15, 4)
+        settings["shape_none"] = round(settings["shape_whole"] - 0.1, 4)
         table = agreement(ShapesDetector(**settings), per_task, seed)
         results.append((settings, table))
     def key(item):
@@ -161,10 +161,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.calibrate:
         chosen, results = calibrate()
-        print("| temperature | fit_whole | split_below | smallest task agreement | overall |\n| ---: | ---: | ---: | ---: | ---: |")
+        print("| temperature | shape_whole | smallest task agreement | overall |\n| ---: | ---: | ---: | ---: |")
         for settings, table in results:
             low = min(v["agreement"] for k, v in table.items() if k.startswith("task: "))
-            print(f"| {settings['temperature']} | {settings['fit_whole']} | {settings['split_below']} | {low:.3f} | "
+            print(f"| {settings['temperature']} | {settings['shape_whole']} | {low:.3f} | "
                   f"{table['all']['agreement']:.3f} |")
         print(f"chosen: {chosen}")
         out = {"chosen": chosen, "results": [[s, t] for s, t in results]}

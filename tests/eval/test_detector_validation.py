@@ -21,8 +21,8 @@ class DropsBrokenObjects(D.ShapesDetector):
 
 
 def test_verdicts_agree_with_the_truth_on_corrupted_scenes():
-    """300 scenes (50 per task, a seed of its own): the full benchmark's 3,000 agree on 98.6 %
-    (96.2 % on counting), so 95 % overall and 90 % per task are far outside sampling noise. The
+    """300 scenes (50 per task, a seed of its own): the full benchmark's 3,000 agree on 99.3 %
+    (98.8 % on the hardest task), so 95 % overall and 90 % per task are far outside noise. The
     control drops the objects it reports broken and must fall well below."""
     table = V.agreement(D.ShapesDetector(), per_task=50, seed=7)
     assert table["all"]["agreement"] >= 0.95, table["all"]
@@ -46,20 +46,23 @@ def test_corruptions_keep_the_truth_and_are_drawn():
     assert seen == set(V.CORRUPTIONS)
 
 
-@pytest.mark.parametrize("kind", ["L", "T"])
+@pytest.mark.parametrize("kind", ["L", "T", "cross"])
 def test_shapeless_blobs_are_not_objects(kind):
-    """(A cross with arms a third of its side is still taken for a circle: its outline is nearly
-    convex and fills 0.7 of a circle's template; the scenes' blobs show what that costs.)"""
     side, arm = 15, 5
     tile = np.zeros((side, side), bool)
     if kind == "L":
         tile[:, :arm] = tile[-arm:, :] = True
-    else:
+    elif kind == "T":
         tile[:arm, :] = True
         tile[:, 5:10] = True
+    else:  # thick arms: nearly convex, and 0.7 of a circle's template
+        tile[5:10, :] = tile[:, 5:10] = True
     image = W.render([]).copy()
     image[20:20 + side, 20:20 + side][tile] = W.COLORS["red"]
-    assert all(d.score < 0.3 for d in D.ShapesDetector().detect(image))
+    # a thick cross is nearly convex and fills 0.7 of a circle's template: not counted (0.9), though
+    # still above GenEval's ordinary threshold (about 0.59)
+    limit = 0.9 if kind == "cross" else 0.3
+    assert all(d.score < limit for d in D.ShapesDetector().detect(image))
 
 
 def test_a_two_coloured_or_smudged_object_is_counted_and_reported_broken():

@@ -63,8 +63,8 @@ def shape_confidence(ious: dict[str, float], temperature: float) -> dict[str, fl
     """How sure the shape is, as a classifier's softmax over template fits:
     ``p(shape) = exp(IoU_shape / T) / sum_k exp(IoU_k / T)``.
 
-    The ideal shapes are far apart (a circle's IoU with a square's template is pi/4), so at T = 0.02
-    a clean circle is a circle with p > 0.9999; two fits 0.02 apart give the better one 0.73."""
+    The ideal shapes are far apart (a circle's IoU with a square's template is pi/4), so at T = 0.01
+    a clean circle is a circle with p > 0.9999; two fits 0.02 apart give the better one 0.88."""
     top = max(ious.values())
     weights = {shape: float(np.exp((iou - top) / temperature)) for shape, iou in ious.items()}
     total = sum(weights.values())
@@ -118,32 +118,32 @@ class ShapesDetector:
        one stretched by a third is still that shape, while two shapes side by side are not one.
     4. *Score* (the class confidence, as GenEval's detector gives one; GenEval keeps a detection
        above 0.3, above 0.9 for counting): ``score = p(shape) * objectness``, ``p`` the softmax of
-       :func:`shape_confidence` at ``temperature`` (0.02). ``objectness`` multiplies three ramps,
-       so a shapeless blob (an L, a T, two shapes of one colour run together) or a patch of noise
-       is no object: 1 for ``fit >= fit_whole`` (0.7), falling linearly to 0 at ``fit_none``
-       (0.55); 1 for a :func:`solidity` of at least 0.75, falling to 0 at 0.6 (every drawn shape
-       is convex; the least convex object a person counted in the shipped model's images had
-       0.77); 1 while its two commonest colours cover at least 60 % of it, falling to 0 at 40 %
-       (an object is drawn in one colour, blended into at most one more). Size does not matter
-       beyond ``min_area``.
+       :func:`shape_confidence` at ``temperature`` (0.01). ``objectness`` multiplies two ramps,
+       so a shapeless blob (an L, a T, a cross, two shapes of one colour run together) or a patch
+       of noise is no object: 1 while ``fit * solidity`` (:func:`solidity`: every drawn shape is
+       convex) is at least ``shape_whole`` (0.6), falling linearly to 0 at ``shape_none`` (0.5)
+       -- the objects a person counted in the shipped model's images reach 0.66 and more, L, T
+       and cross blobs at most 0.58 --; and 1 while its two commonest colours cover at least
+       60 % of it, falling to 0 at 40 % (an object is drawn in one colour, blended into at most
+       one more). Size does not matter beyond ``min_area``.
     5. *Colour*: the palette colour most of the object's pixels are nearest to.
     6. *Flaws*: ``"two colours"`` when a second colour covers at least 20 % of the object,
        ``"misshapen"`` when ``fit < 0.8``; ``broken`` when there is any.
 
     Boxes are (x0, y0, x1, y1), exclusive (the chosen candidate box); ``mask`` is the object.
-    ``temperature``, ``fit_whole``, ``fit_none`` and ``split_below`` were chosen by a rule on
+    ``temperature``, ``shape_whole``, ``shape_none`` and ``split_below`` were chosen by a rule on
     corrupted renders (``benchmarks/detector_validation.py --calibrate``;
     docs/experiments/2026-11-27-detector-counts-like-a-person.md).
     """
 
     def __init__(self, background=BACKGROUND, min_area: int = 30, palette: dict | None = None,
-                 max_aspect: float = 1.35, temperature: float = 0.02, fit_whole: float = 0.7,
-                 fit_none: float = 0.55, split_below: float = 0.6, split_margin: float = 0.1):
+                 max_aspect: float = 1.35, temperature: float = 0.01, shape_whole: float = 0.6,
+                 shape_none: float = 0.5, split_below: float = 0.6, split_margin: float = 0.1):
         self.background = np.asarray(background, dtype=np.float32)
         self.min_area = int(min_area)
         self.max_aspect = float(max_aspect)
         self.temperature = float(temperature)
-        self.fit_whole, self.fit_none = float(fit_whole), float(fit_none)
+        self.shape_whole, self.shape_none = float(shape_whole), float(shape_none)
         self.split_below, self.split_margin = float(split_below), float(split_margin)
         self.palette_names = list((palette or COLORS).keys())
         self.palette = np.asarray([(palette or COLORS)[c] for c in self.palette_names], dtype=np.float32)
@@ -216,8 +216,9 @@ class ShapesDetector:
         colours = np.bincount(nearest[sl][comp], minlength=len(self.palette_names))
         order = np.argsort(-colours)
         two_colours = (colours[order[0]] + colours[order[1]]) / comp.sum()
-        objectness = (_ramp(self.fit_whole - fit, self.fit_whole - self.fit_none)
-                      * _ramp(0.75 - solidity(comp), 0.15) * _ramp(0.6 - two_colours, 0.2))
+        shapeliness = fit * solidity(comp)
+        objectness = (_ramp(self.shape_whole - shapeliness, self.shape_whole - self.shape_none)
+                      * _ramp(0.6 - two_colours, 0.2))
         confidence = shape_confidence(ious, self.temperature)
         shape = max(confidence, key=confidence.get)
         score = confidence[shape] * objectness
