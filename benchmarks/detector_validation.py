@@ -28,13 +28,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageFilter
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from visualspec.eval.detectors import ShapesDetector  # noqa: E402
-from visualspec.eval.shapes_validation import agreement, edge_noise  # noqa: E402
+from visualspec.eval.shapes_validation import agreement, blur, edge_noise  # noqa: E402
 from visualspec.worlds.shapes import BACKGROUND, CANVAS, COLORS, MAX_SIZE, MIN_SIZE, SHAPES, ShapeObject, render  # noqa: E402
 
 WHOLE = ("exact", "aspect", "edge noise", "blur", "colour shift", "all at once")
@@ -48,10 +47,6 @@ def _object(rng, w=None, h=None):
     x0 = int(rng.integers(4, CANVAS - 4 - w))
     y0 = int(rng.integers(4, CANVAS - 4 - h))
     return ShapeObject(str(rng.choice(SHAPES)), str(rng.choice(list(COLORS))), (x0, y0, x0 + w, y0 + h))
-
-
-def _blur(image, rng):
-    return np.asarray(Image.fromarray(image).filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 1.0)))))
 
 
 def _shift(image, rng):
@@ -72,7 +67,7 @@ def whole_case(kind, rng):
     if kind in ("edge noise", "all at once"):
         image = edge_noise(image, rng)
     if kind in ("blur", "all at once"):
-        image = _blur(image, rng)
+        image = blur(image, rng)
     if kind in ("colour shift", "all at once"):
         image = _shift(image, rng)
     return image, obj

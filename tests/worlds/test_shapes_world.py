@@ -22,7 +22,7 @@ def test_scenes_satisfy_their_prompts_and_the_spec(task):
             x0, y0, x1, y1 = obj.box
             assert 12 <= x1 - x0 == y1 - y0 <= 22 and 0 <= x0 and 0 <= y0 and x1 <= 64 and y1 <= 64
             for other in objects[i + 1:]:  # apart by at least GAP pixels
-                assert shapes._apart(obj.box, [other.box])
+                assert shapes.apart(obj.box, [other.box])
             # the object is drawn in its colour inside its box
             patch = image[y0:y1, x0:x1].reshape(-1, 3)
             assert (patch == shapes.COLORS[obj.color]).all(1).mean() > 0.4

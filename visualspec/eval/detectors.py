@@ -81,15 +81,16 @@ def pixel_colours(rgb: np.ndarray, background: np.ndarray, palette: np.ndarray) 
     background, so where one colour fades into another the object stays whole. A pixel that is not
     background takes the nearest palette colour.
     """
+    rgb = rgb.astype(np.float32)[:, :, None, :]
     ends = np.concatenate([background[None], palette]).astype(np.float32)  # 0 = background
     pairs = np.asarray([(a, b) for a in range(len(ends)) for b in range(a + 1, len(ends))])
     a, d = ends[pairs[:, 0]], ends[pairs[:, 1]] - ends[pairs[:, 0]]
-    x = rgb.astype(np.float32)[:, :, None, :] - a  # (H, W, segments, 3)
+    x = rgb - a  # (H, W, segments, 3)
     t = np.clip((x * d).sum(-1) / (d * d).sum(-1), 0.0, 1.0)
     best = ((x - t[..., None] * d) ** 2).sum(-1).argmin(-1)
     t = np.take_along_axis(t, best[..., None], -1)[..., 0]
     background = (pairs[best, 0] == 0) & (t < 0.5)
-    colour = ((rgb.astype(np.float32)[:, :, None, :] - palette) ** 2).sum(-1).argmin(-1)
+    colour = ((rgb - palette) ** 2).sum(-1).argmin(-1)
     return np.where(background, -1, colour)
 
 
@@ -162,34 +163,36 @@ class ShapesDetector:
             comp = labels[sl] == index
             if comp.sum() < min_area:
                 continue
-            for piece, piece_sl in self._objects(comp, sl, nearest[sl], scale, min_area):
-                det = self._describe(piece, piece_sl, nearest, scale, (H, W))
+            for piece, piece_sl, fitted in self._objects(comp, sl, nearest[sl], scale, min_area):
+                det = self._describe(piece, piece_sl, fitted, nearest, (H, W))
                 if det is not None:
                     detections.append(det)
         detections.sort(key=lambda d: -d.score)
         return detections
 
     def _objects(self, comp, sl, nearest, scale, min_area):
-        """The component as one object, or split by colour where its pieces fit clearly better."""
+        """The component as one object, or split by colour where its pieces fit clearly better:
+        [(mask, slice, :meth:`_fit` of the mask)]."""
         from scipy import ndimage
 
-        whole = self._fit(comp, scale)[2]
+        whole = [(comp, sl, self._fit(comp, scale))]
         ids, counts = np.unique(nearest[comp], return_counts=True)
         major = [c for c, k in zip(ids, counts) if k >= min_area and k >= 0.25 * comp.sum()]
-        if len(major) < 2 or whole >= self.split_below:
-            return [(comp, sl)]
-        parts, fits, areas = [], [], []
+        if len(major) < 2 or whole[0][2][2] >= self.split_below:
+            return whole
+        parts = []
         for c in major:
             sub, _ = ndimage.label(comp & (nearest == c))
             for j, sub_sl in enumerate(ndimage.find_objects(sub), start=1):
                 piece = sub[sub_sl] == j
                 if piece.sum() >= min_area:
                     parts.append((piece, (slice(sl[0].start + sub_sl[0].start, sl[0].start + sub_sl[0].stop),
-                                          slice(sl[1].start + sub_sl[1].start, sl[1].start + sub_sl[1].stop))))
-                    fits.append(self._fit(piece, scale)[2])
-                    areas.append(int(piece.sum()))
-        if len(parts) < 2 or np.average(fits, weights=areas) < whole + self.split_margin:
-            return [(comp, sl)]
+                                          slice(sl[1].start + sub_sl[1].start, sl[1].start + sub_sl[1].stop)),
+                                  self._fit(piece, scale)))
+        fits = [fitted[2] for _, _, fitted in parts]
+        areas = [int(piece.sum()) for piece, _, _ in parts]
+        if len(parts) < 2 or np.average(fits, weights=areas) < whole[0][2][2] + self.split_margin:
+            return whole
         return parts
 
     def _fit(self, comp: np.ndarray, scale: float):
@@ -211,8 +214,8 @@ class ShapesDetector:
                 best = (ious, box, fit)
         return best
 
-    def _describe(self, comp: np.ndarray, sl, nearest: np.ndarray, scale: float, shape_hw) -> Detection | None:
-        ious, (bx0, by0, bx1, by1), fit = self._fit(comp, scale)
+    def _describe(self, comp: np.ndarray, sl, fitted, nearest: np.ndarray, shape_hw) -> Detection | None:
+        ious, (bx0, by0, bx1, by1), fit = fitted
         colours = np.bincount(nearest[sl][comp], minlength=len(self.palette_names))
         order = np.argsort(-colours)
         two_colours = (colours[order[0]] + colours[order[1]]) / comp.sum()

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from ..worlds.shapes import (BACKGROUND, CANVAS, COLORS, GAP, MAX_SIZE, MIN_SIZE, SHAPES, TASKS, ShapeObject,
-                             prompt_metadata, sample_scene)
+from ..worlds.shapes import (BACKGROUND, CANVAS, COLORS, GAP, MAX_SIZE, MIN_SIZE, SHAPES, TASKS, ShapeObject, apart,
+                             prompt_metadata, random_box, sample_scene)
 from .geneval import Detection, evaluate_image, judge
 
 CORRUPTIONS = ("stretched", "polygonal circle", "blended colours", "smudge", "border sliver", "specks",
@@ -52,10 +52,12 @@ class Scene:
 
 
 def _draw(obj: ShapeObject, sides: int | None = None, angle: float = 0.0) -> np.ndarray:
-    """(64, 64) bool mask of one object; a circle with ``sides`` is drawn as that regular polygon."""
-    mask = Image.new("L", (CANVAS, CANVAS), 0)
+    """(64, 64) bool mask of the part of one object inside the canvas (drawn on a canvas padded to
+    hold all of it); a circle with ``sides`` is drawn as that regular polygon."""
+    pad = MAX_SIZE
+    mask = Image.new("L", (CANVAS + 2 * pad, CANVAS + 2 * pad), 0)
     draw = ImageDraw.Draw(mask)
-    x0, y0, x1, y1 = obj.box
+    x0, y0, x1, y1 = (v + pad for v in obj.box)
     if obj.shape == "square":
         draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=255)
     elif obj.shape == "circle" and sides:
@@ -66,7 +68,7 @@ def _draw(obj: ShapeObject, sides: int | None = None, angle: float = 0.0) -> np.
         draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=255)
     else:
         draw.polygon([(x0, y1 - 1), (x1 - 1, y1 - 1), ((x0 + x1 - 1) / 2, y0)], fill=255)
-    return np.asarray(mask) > 0
+    return (np.asarray(mask) > 0)[pad:pad + CANVAS, pad:pad + CANVAS]
 
 
 def _near(mask: np.ndarray, others: np.ndarray, distance: int) -> bool:
@@ -77,18 +79,16 @@ def _near(mask: np.ndarray, others: np.ndarray, distance: int) -> bool:
 
 
 def _free(box, boxes) -> bool:
+    """Inside the canvas and apart from ``boxes`` as the world keeps its objects."""
     x0, y0, x1, y1 = box
-    inside = 0 <= x0 and 0 <= y0 and x1 <= CANVAS and y1 <= CANVAS
-    return inside and all(x1 + GAP <= b[0] or b[2] + GAP <= x0 or y1 + GAP <= b[1] or b[3] + GAP <= y0
-                          for b in boxes)
+    return 0 <= x0 and 0 <= y0 and x1 <= CANVAS and y1 <= CANVAS and apart(box, boxes)
 
 
 def _random_free_box(rng, boxes, tries: int = 200):
     for _ in range(tries):
-        s = int(rng.integers(MIN_SIZE, MAX_SIZE + 1))
-        x, y = (int(v) for v in rng.integers(0, CANVAS - s + 1, size=2))
-        if _free((x, y, x + s, y + s), boxes):
-            return (x, y, x + s, y + s)
+        box = random_box(rng)
+        if apart(box, boxes):
+            return box
     return None
 
 
@@ -200,26 +200,10 @@ def _sliver(rng, occupied):
         along = int(rng.integers(0, CANVAS - s + 1))
         x0, y0 = [(depth - s, along), (CANVAS - depth, along), (along, depth - s), (along, CANVAS - depth)][side]
         obj = ShapeObject(str(rng.choice(SHAPES)), str(rng.choice(list(COLORS))), (x0, y0, x0 + s, y0 + s))
-        mask = _draw_clipped(obj)
+        mask = _draw(obj)
         if 3 <= mask.sum() < SLIVER_AREA and not _near(mask, occupied, GAP):
             return obj, mask
     return None, None
-
-
-def _draw_clipped(obj: ShapeObject) -> np.ndarray:
-    """The part of ``obj`` inside the canvas, drawn on a canvas padded to hold all of it."""
-    pad = MAX_SIZE
-    shifted = ShapeObject(obj.shape, obj.color, tuple(v + pad for v in obj.box))
-    big = Image.new("L", (CANVAS + 2 * pad, CANVAS + 2 * pad), 0)
-    draw = ImageDraw.Draw(big)
-    x0, y0, x1, y1 = shifted.box
-    if obj.shape == "square":
-        draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=255)
-    elif obj.shape == "circle":
-        draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=255)
-    else:
-        draw.polygon([(x0, y1 - 1), (x1 - 1, y1 - 1), ((x0 + x1 - 1) / 2, y0)], fill=255)
-    return (np.asarray(big) > 0)[pad:pad + CANVAS, pad:pad + CANVAS]
 
 
 def _shapeless_blob(rng, occupied):
@@ -262,6 +246,11 @@ def _specks(rng, occupied):
                 occupied = occupied | speck
                 break
     return masks
+
+
+def blur(image, rng):
+    """Gaussian blur of radius 0.5 to 1 px, as a decoded image is soft."""
+    return np.asarray(Image.fromarray(image).filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 1.0)))))
 
 
 def edge_noise(image, rng, share=0.1):
@@ -338,7 +327,7 @@ def corrupt_and_draw(objects: list[ShapeObject], rng, probability: float = 0.4):
         image = edge_noise(image, rng)
         applied.append("edge noise")
     if use["blur"]:
-        image = np.asarray(Image.fromarray(image).filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 1.0)))))
+        image = blur(image, rng)
         applied.append("blur")
     return image, objects, tuple(applied)
 

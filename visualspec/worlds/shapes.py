@@ -158,13 +158,15 @@ def vocabulary() -> list[str]:
 # ------------------------------------------------------------------------------------ scenes
 
 
-def _random_box(rng, size=None):
+def random_box(rng, size=None):
+    """A square box of a random (or the given) size anywhere on the canvas."""
     s = int(size if size is not None else rng.integers(MIN_SIZE, MAX_SIZE + 1))
     x, y = (int(v) for v in rng.integers(0, CANVAS - s + 1, size=2))
     return (x, y, x + s, y + s)
 
 
-def _apart(box, others) -> bool:
+def apart(box, others) -> bool:
+    """Whether ``box`` keeps at least ``GAP`` px from every box of ``others``."""
     x0, y0, x1, y1 = box
     return all(x1 + GAP <= b[0] or b[2] + GAP <= x0 or y1 + GAP <= b[1] or b[3] + GAP <= y0 for b in others)
 
@@ -189,8 +191,8 @@ def sample_scene(metadata: dict, rng: np.random.Generator, max_tries: int = 1000
         boxes = []
         for _ in wanted:
             for _ in range(100):
-                box = _random_box(rng)
-                if _apart(box, boxes):
+                box = random_box(rng)
+                if apart(box, boxes):
                     boxes.append(box)
                     break
             else:
