@@ -66,14 +66,43 @@ def timestep_embedding(tau: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class FrameCache:
-    """Keys and values of the past (clean) frames, per layer, for a sliding window of frames."""
+    """Keys and values of the past (clean) frames, per layer, for a sliding window of frames.
+
+    One cache may serve several worlds at once (:meth:`stack`, :meth:`split`): they must hold the
+    same number of frames, and ``next_frame`` then holds each row's own frame index.
+    """
 
     def __init__(self, num_layers: int, max_frames: int):
         self.max_frames = max_frames
         self.keys = [None] * num_layers
         self.values = [None] * num_layers
         self.frames = 0  # frames currently held
-        self.next_frame = 0  # absolute index of the next frame to be written
+        self.next_frame: int | list[int] = 0  # absolute index of the next frame to be written (per row if stacked)
+
+    @classmethod
+    def stack(cls, caches: list["FrameCache"]) -> "FrameCache":
+        """One cache whose rows are ``caches`` (each of batch 1, all holding the same number of frames)."""
+        first = caches[0]
+        if any(c.frames != first.frames or c.max_frames != first.max_frames for c in caches):
+            raise ValueError(f"caches hold different numbers of frames: {[c.frames for c in caches]}")
+        out = cls(len(first.keys), first.max_frames)
+        out.frames, out.next_frame = first.frames, [c.next_frame for c in caches]
+        if first.frames:
+            out.keys = [torch.cat(layer) for layer in zip(*(c.keys for c in caches))]
+            out.values = [torch.cat(layer) for layer in zip(*(c.values for c in caches))]
+        return out
+
+    def split(self) -> list["FrameCache"]:
+        """The rows of a stacked cache, each a cache of batch 1 (the inverse of :meth:`stack`)."""
+        rows = []
+        for b, next_frame in enumerate(self.next_frame):
+            row = FrameCache(len(self.keys), self.max_frames)
+            row.frames, row.next_frame = self.frames, next_frame
+            if self.frames:
+                row.keys = [k[b:b + 1] for k in self.keys]
+                row.values = [v[b:b + 1] for v in self.values]
+            rows.append(row)
+        return rows
 
     def read(self, layer: int):
         return self.keys[layer], self.values[layer]
@@ -103,6 +132,8 @@ class DiTBlock(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
         cos, sin = rope[..., 0].to(q.device), rope[..., 1].to(q.device)
+        if rope.dim() == 4:  # a table per row (B, L, pairs): broadcast over the heads
+            cos, sin = cos[:, None], sin[:, None]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = k, v
         if cache is not None:
@@ -196,8 +227,12 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         cond = self.t_embed(timestep_embedding(taus, x.shape[-1])) + self.action_embed(actions)  # (B, F, D)
 
         # cached keys were rotated when written, so only the new frames need their rotary table
-        rope = rope_3d(torch.arange(start, start + Fr), self.config.latent_size,
-                       x.shape[-1] // self.config.num_heads, self.config.rope_base)
+        # (one per row when the rows are different worlds, each at its own frame index)
+        def rotary(first: int) -> torch.Tensor:
+            return rope_3d(torch.arange(first, first + Fr), self.config.latent_size,
+                           x.shape[-1] // self.config.num_heads, self.config.rope_base)
+
+        rope = torch.stack([rotary(s) for s in start]) if isinstance(start, list) else rotary(start)
         mask = self.attention_mask(past, Fr).to(x.device)
         for i, block in enumerate(self.blocks):
             c = block.adaLN_modulation(cond).repeat_interleave(T, dim=1)
@@ -206,5 +241,6 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         out = self.final(self.final_norm(x) * (1 + scale) + shift)
         if cache is not None and write:
             cache.frames = min(cache.frames + write, cache.max_frames)
-            cache.next_frame += write
+            cache.next_frame = ([f + write for f in cache.next_frame] if isinstance(cache.next_frame, list)
+                                else cache.next_frame + write)
         return out.view(B, Fr, h, w, C).permute(0, 1, 4, 2, 3)

@@ -4,6 +4,7 @@
     out = pipe(actions=["right"] * 30 + ["up"] * 30, seed=0)      # out.frames, out.stats
     session = pipe.interactive(seed=0)
     frame = session.step("left")                                   # (64, 64, 3) uint8
+    frames = ArenaSession.step_together([a, b], ["left", "up"])    # several players, one batch
     export_video(out.frames, "play.mp4")
 
 The world opens with ``opening_frames`` frames of the simulator (seeded; action "none"), which the
@@ -21,7 +22,7 @@ from diffusers.utils import BaseOutput
 
 from ..core.checks import check_positive_int
 from ..core.sampling import make_generator
-from ..video import VideoStats, WorldSession
+from ..video import VideoStats, WorldSession, step_together
 from ..worlds import arena
 from ..models.frame_autoencoder import FrameAutoencoder
 from ..models.nfd import NextFrameDiT
@@ -54,6 +55,15 @@ class ArenaSession:
     def step(self, action="none") -> np.ndarray:
         self.last_frame = self._session.step(action)
         return self.last_frame
+
+    @staticmethod
+    def step_together(sessions: list["ArenaSession"], actions: list) -> list[np.ndarray]:
+        """The next frame of each player's world, the generations they need made in batched
+        forwards (:func:`visualspec.video.step_together`): the same frames as stepping each alone."""
+        frames = step_together([s._session for s in sessions], actions)
+        for session, frame in zip(sessions, frames):
+            session.last_frame = frame
+        return frames
 
 
 @register_pipeline

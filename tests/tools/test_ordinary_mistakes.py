@@ -116,6 +116,7 @@ SWEEP = [  # (arguments, what the one-line message must say); every case must fa
     (["train-shapes", "--out", "file.txt"], "--out 'file.txt' is a file, not a folder"),
     (["train-text", "--out", "o", "--work-dir", "file.txt"], "--work-dir 'file.txt' is a file, not a folder"),
     (["train-arena", "--out", "file.txt/o"], "inside 'file.txt', which is a file"),
+    (["train-arena", "--out", "o", "--from", "folder"], "--from folder: not a pipeline folder"),
 ]
 
 

@@ -173,6 +173,21 @@ def test_interactive_session_steps_frames(pipe):
     assert all(f.shape == (64, 64, 3) for f in frames) and session.stats.frames == 4
 
 
+def test_players_step_together_in_the_pipeline_and_its_benchmark(pipe):
+    from visualspec.pipelines.nfd import ArenaSession
+    from visualspec.tools.bench import run_players_benchmark
+
+    alone, together = [pipe.interactive(seed=s, speculate=1) for s in (1, 2)], [pipe.interactive(seed=s, speculate=1)
+                                                                             for s in (1, 2)]
+    for keys in (["left", "up"], ["left", "none"]):
+        frames = ArenaSession.step_together(together, keys)
+        for world, key, frame, other in zip(alone, keys, frames, together):
+            assert np.abs(world.step(key).astype(int) - frame).max() <= 1 and other.last_frame is frame
+    result = run_players_benchmark(pipe, players=2, frames=4, rounds=1, speculate=(1,))
+    assert set(result["results"]["speculate 1"]) == {"fps_per_world_one_after_another", "fps_per_world_together",
+                                                      "speedup"} and "2 worlds" in result["table"]
+
+
 def test_pipeline_errors_name_the_problem(pipe, tmp_path):
     with pytest.raises(ValueError, match="jump"):
         pipe(actions=["left", "jump"])
@@ -213,12 +228,21 @@ def test_training_command_runs_and_resumes(tmp_path):
     from visualspec.training.arena import ArenaTrainingConfig, train_arena
 
     cfg = ArenaTrainingConfig(ae_channels=(8, 8, 8), latent_channels=4, ae_steps=3, ae_batch=2, episodes=4,
-                              episode_frames=10, dim=32, depth=1, heads=2, steps=3, batch=2, distill_steps=2)
+                              episode_frames=10, dim=32, depth=1, heads=2, steps=3, batch=2, distill_steps=2,
+                              self_forcing_steps=2)
     pipe = train_arena(str(tmp_path / "out"), str(tmp_path / "work"), cfg, progress=False)
     assert isinstance(pipe, NextFramePipeline) and pipe.autoencoder.config.scaling_factor != 1.0
-    meta = json.loads((tmp_path / "work" / "distill" / "meta.json").read_text())
-    assert meta["step"] == 2
+    for stage in ("distill", "self_forcing"):
+        assert json.loads((tmp_path / "work" / stage / "meta.json").read_text())["step"] == 2
     train_arena(str(tmp_path / "out2"), str(tmp_path / "work"), cfg, progress=False)  # resumes: nothing left
+    tuned = train_arena(str(tmp_path / "tuned"), str(tmp_path / "work-tuned"), cfg, progress=False,
+                        start_from=str(tmp_path / "out"))  # only self forcing, from the folder's models
+    assert not (tmp_path / "work-tuned" / "distill").exists()
+    assert json.loads((tmp_path / "work-tuned" / "self_forcing" / "meta.json").read_text())["step"] == 2
+    for name in ("autoencoder", "teacher", "transformer"):
+        same = [torch.equal(a, b) for a, b in zip(getattr(pipe, name).state_dict().values(),
+                                                    getattr(tuned, name).state_dict().values())]
+        assert all(same) if name != "transformer" else not all(same)
     with pytest.raises(ValueError, match="another configuration"):
         train_arena(str(tmp_path / "out3"), str(tmp_path / "work"), ArenaTrainingConfig(steps=4), progress=False)
 
@@ -253,3 +277,97 @@ def test_ball_cells_mark_the_cells_the_ball_covers_and_weigh_them():
     w = loss_weights(x0, taus, ArenaTrainingConfig(ball_weight=8.0), ball)
     assert w[0, 1, 0, 2, 4] == 9 and w.sum() == 2 * 64 + 8
     assert torch.equal(loss_weights(x0, taus, ArenaTrainingConfig(), ball), torch.ones_like(w))  # default: off
+
+
+def test_own_rollout_plays_as_the_session_does():
+    """Self forcing learns from contexts made exactly as the model plays: the opening frames are
+    the true ones, every later frame is the model's own sample, the same as a WorldSession's."""
+    from visualspec.training.arena import ArenaTrainingConfig, own_rollout
+    from visualspec.video import rollout
+
+    model = tiny_dit(context_frames=3)
+    truth, acts = torch.randn(1, 7, 4, 4, 4), torch.tensor([[model.no_action, 0, 2, 2, 2, 1, 1]])
+    for speculate in (1, 3):
+        # blocks of `speculate` frames while the action persists, as the session makes them
+        cfg = ArenaTrainingConfig(max_speculate=speculate, context_noise=0.02)
+        rng = np.random.default_rng(0)
+        with torch.no_grad():
+            own = own_rollout(model, truth, acts, 2, cfg, rng, torch.Generator().manual_seed(3))
+        assert own.shape == truth.shape and torch.equal(own[:, :2], truth[:, :2])
+        assert not torch.allclose(own[:, 2:], truth[:, 2:])
+        if speculate == 1:
+            frames, _ = rollout(model, lambda z: list(z), (truth[:, :2], acts[:, :2]), acts[0, 2:].tolist(),
+                                speculate=1, context_noise=0.02, generator=torch.Generator().manual_seed(3))
+            torch.testing.assert_close(torch.stack(frames)[None], own[:, 2:])
+
+
+@pytest.mark.parametrize("speculate", [1, 2])
+def test_worlds_stepped_together_show_what_each_shows_alone(speculate, monkeypatch):
+    """Players' worlds batched into one forward give each the frames it would get alone: one world
+    joins late (its cache holds more frames at first, and it sits at another frame index), keys
+    change at different times, so speculation hits and discards differ between worlds."""
+    from visualspec.models.nfd import FrameCache
+    from visualspec.video import step_together
+
+    model = tiny_dit(context_frames=3)
+
+    def decode(z):
+        return list(z)
+
+    def world(seed):
+        opening = torch.randn(1, 2, 4, 4, 4, generator=torch.Generator().manual_seed(seed))
+        return WorldSession(model, decode, (opening, torch.tensor([[model.no_action, 0]])),
+                            speculate=speculate, context_noise=0.02, generator=torch.Generator().manual_seed(seed))
+
+    batches = []  # the sizes of the batched generations: the control that batching happened
+    stack = FrameCache.stack
+    monkeypatch.setattr(FrameCache, "stack", classmethod(lambda cls, caches: batches.append(len(caches))
+                                                         or stack(caches)))
+    keys = [[1, 1, 1, 2, 2, 0, 0, 0, 3, 3], [0, 0, 4, 4, 4, 4, 1, 2, 2, 2], [3, 3, 3, 3, 1, 1, 1, 1, 1, 0]]
+    alone, together = [world(s) for s in range(3)], [world(s) for s in range(3)]
+    for w in (alone[2], together[2]):  # the third player has played two frames already
+        w.step(4), w.step(4)
+    for t in range(10):
+        solo = [w.step(k[t]) for w, k in zip(alone, keys)]
+        batched = step_together(together, [k[t] for k in keys])
+        for x, y in zip(solo, batched):
+            torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-5)
+    for a, b in zip(alone, together):
+        assert (a.stats.hits, a.stats.discarded, a.stats.model_forwards) == (b.stats.hits, b.stats.discarded,
+                                                                            b.stats.model_forwards)
+    assert batches and min(batches) >= 2  # worlds did share forwards
+    assert speculate > 1 or 3 in batches  # without speculation all three share every forward once in step
+    with pytest.raises(ValueError, match="different numbers of frames"):
+        FrameCache.stack([model.new_cache(), together[0].cache])
+
+
+def test_self_forcing_targets_continue_the_ball_the_model_drew():
+    """The target of a rollout whose ball is off the recorded one continues the drawn ball (where
+    and as it moved), with the recorded player; a rollout that lost the ball has no target."""
+    from visualspec.training.arena import simulated_targets
+
+    class Pixels(torch.nn.Module):  # an autoencoder whose latents are the frames themselves
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def encode(self, x):
+            return x
+
+        def decode(self, z):
+            return z
+
+    def pixels(state):
+        return torch.from_numpy(arena.render(state)).float().permute(2, 0, 1) / 127.5 - 1
+
+    drawn = [arena.ArenaState(player=(5, 5), ball=(20, 30), velocity=(1, 2)),
+             arena.ArenaState(player=(5, 5), ball=(21, 32), velocity=(1, 2))]  # moving (+1, +2)
+    recorded = arena.ArenaState(player=(40, 40), ball=(50, 10), velocity=(-2, -1))
+    lost = torch.full((2, 3, 64, 64), -1.0)  # nothing drawn: no ball
+    context = torch.stack([torch.stack([pixels(s) for s in drawn]), lost])
+    rows = np.array([arena.state_row(recorded)] * 2)
+    target, ball, kept = simulated_targets(Pixels(), context, rows, np.array([[0, 0], [0, 0]]))
+    assert kept.tolist() == [True, False] and target.shape == (2, 2, 3, 64, 64) and ball.shape == (2, 2, 64, 64)
+    frames = ((target[0].permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
+    assert [arena.detect_ball(f) for f in frames] == [(23.5, 35.5), (24.5, 37.5)]  # from (21, 32) by (+1, +2)
+    assert [arena.detect_player(f) for f in frames] == [(43.5, 43.5)] * 2  # the recorded player

@@ -119,7 +119,7 @@ def test_invariants_hold_over_thousands_of_random_frames():
             assert 0 <= px <= 56 and 0 <= py <= 56 and 0 <= bx <= 60 and 0 <= by <= 60
             assert all(v in (-2, -1, 1, 2) for v in new.velocity)
             assert tuple(abs(v) for v in new.velocity) == speeds  # only signs ever change
-            assert not arena._overlap(new.ball, new.player)
+            assert not arena.overlaps(new.ball, new.player)
             dx, dy = arena.MOVES[arena.ACTIONS[action]]
             wanted = (min(max(old.player[0] + 2 * dx, 0), 56), min(max(old.player[1] + 2 * dy, 0), 56))
             if new.player != wanted:  # blocked by the ball: moves less, in the action's direction
@@ -141,7 +141,7 @@ def test_reset_places_non_overlapping_objects_with_random_velocity():
     states = [arena.reset(rng) for _ in range(2000)]
     for s in states:
         assert 0 <= min(s.player) and max(s.player) <= 56 and 0 <= min(s.ball) and max(s.ball) <= 60
-        assert not arena._overlap(s.ball, s.player)
+        assert not arena.overlaps(s.ball, s.player)
         assert all(isinstance(v, int) for v in (*s.player, *s.ball, *s.velocity))
     assert {s.velocity for s in states} == {(a, b) for a in (-2, -1, 1, 2) for b in (-2, -1, 1, 2)}
     assert {s.player[0] for s in states} == set(range(57))
@@ -294,3 +294,12 @@ def test_episode_arguments_are_validated_with_clear_errors():
         arena.episode("seed", 2)
     with pytest.raises(ValueError, match="persistence"):
         arena.random_actions(np.random.default_rng(0), 5, persistence=1.5)
+
+
+def test_batch_states_are_the_states_drawn_in_batch_episodes():
+    frames, _ = arena.batch_episodes(5, 3, 10)
+    states = arena.batch_states(5, 3, 10)
+    assert states.shape == (3, 11, 6)
+    for e in range(3):
+        for t in (0, 4, 10):
+            assert np.array_equal(arena.render(arena.state_from_row(states[e, t])), frames[e, t])

@@ -192,6 +192,52 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
             "results": results, "table": format_video_table(results)}
 
 
+def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3, seed: int = 0,
+                          speculate: tuple = (1, 4), persistence: float = 0.9) -> dict:
+    """Several players' worlds (the app's case): frames per second each world gets when all are
+    stepped together (:meth:`ArenaSession.step_together`, one batched generation per frame) and
+    when they are stepped one after another (a world at a time, as a server without batching
+    would), interleaved round by round; each player holds keys of its own script."""
+    from ..core.window_costs import machine_name
+    from ..pipelines.nfd import ArenaSession
+    from ..worlds import arena
+
+    scripts = [list(arena.random_actions(np.random.default_rng([seed, 4, p]), frames, persistence))
+               for p in range(players)]
+
+    def play(k: int, together: bool, r: int, length: int) -> float:
+        worlds = [pipe.interactive(seed=seed + 100 * r + p, speculate=k) for p in range(players)]
+        start = time.perf_counter()
+        for t in range(length):
+            keys = [script[t] for script in scripts]
+            if together:
+                ArenaSession.step_together(worlds, keys)
+            else:
+                for world, key in zip(worlds, keys):
+                    world.step(key)
+        return time.perf_counter() - start
+
+    for k in speculate:  # warm-up
+        play(k, True, 0, min(8, frames)), play(k, False, 0, min(8, frames))
+    seconds = {(k, together): 0.0 for k in speculate for together in (False, True)}
+    for r in range(rounds):
+        for k, together in seconds:
+            seconds[k, together] += play(k, together, r, frames)
+    results = {}
+    for k in speculate:
+        alone, batched = (rounds * frames / seconds[k, together] for together in (False, True))
+        results[f"speculate {k}"] = {"fps_per_world_one_after_another": round(alone, 1),
+                                     "fps_per_world_together": round(batched, 1), "speedup": round(batched / alone, 2)}
+    lines = [f"{players} worlds{'':<14}{'FPS each, one by one':>22}{'FPS each, together':>20}{'speedup':>9}"]
+    for name, r in results.items():
+        lines.append(f"{name:<23}{r['fps_per_world_one_after_another']:>22.1f}{r['fps_per_world_together']:>20.1f}"
+                     f"{r['speedup']:>9.2f}")
+    return {"players": players, "frames": frames, "rounds": rounds, "persistence": persistence,
+            "machine": {"cpu": machine_name(torch.device("cpu")), "threads": torch.get_num_threads(),
+                        "torch": torch.__version__},
+            "results": results, "table": "\n".join(lines)}
+
+
 def format_video_table(results: dict) -> str:
     lines = [f"{'configuration':<34}{'FPS':>8}{'ms/frame':>10}{'speedup':>9}{'fwd/frame':>11}{'hit rate':>10}"]
     for name, r in results.items():

@@ -2,7 +2,7 @@
 
     visualspec train-arena --out assets/arena-nfd
 
-Three stages on seeded episodes of the arena world (:mod:`visualspec.worlds.arena`):
+Four stages on seeded episodes of the arena world (:mod:`visualspec.worlds.arena`):
 
 1. a per-frame autoencoder (64x64 frames -> 8 x 8 x 8 latents; L1 + L2 reconstruction), after
    which the latents of a fixed episode set are computed once (with ``scaling_factor`` = 1 / std);
@@ -16,9 +16,14 @@ Three stages on seeded episodes of the arena world (:mod:`visualspec.worlds.aren
 3. consistency distillation of a copy of it (the student) for 1 to 4 step sampling: for a block at
    time tau_n of an ``distill_grid``-point grid, the teacher takes one Euler step to tau_{n-1} and
    the student's clean estimate ``x - tau v`` at tau_n is pulled to an EMA copy's estimate at
-   tau_{n-1} (the estimate at tau = 0 is the input itself, the boundary condition).
+   tau_{n-1} (the estimate at tau = 0 is the input itself, the boundary condition);
+4. self forcing (:func:`self_forcing`): the distilled model fine-tuned on its own open-loop
+   rollouts, made as it plays (speculative blocks included), towards frames the game would draw
+   from what it drew. ``visualspec train-arena --from FOLDER`` runs only this stage, on the models
+   of a folder stages 1 to 3 wrote.
 
-The pipeline folder stores all three models in float16 (about 8 MB). Checkpoints (safetensors + JSON) go to ``--work-dir`` every few minutes; rerunning resumes. A GPU
+The pipeline folder stores all three models in float16 (about 8 MB). Checkpoints (safetensors +
+JSON) go to ``--work-dir`` every few minutes; rerunning resumes. A GPU
 is used when present; the transformer trains in bfloat16 autocast where the hardware runs it fast
 (``visualspec.training.shapes.training_autocast``), else in float32.
 """
@@ -37,6 +42,7 @@ import torch.nn.functional as F
 
 from .common import (claim_work_dir, ema_update, optimizer_step, run_stage, training_autocast,
                      write_training_record)
+from ..video import denoise_frames
 from ..worlds import arena
 
 
@@ -69,6 +75,12 @@ class ArenaTrainingConfig:
     distill_grid: int = 16
     ema_decay: float = 0.95
     context_noise: float = 0.02
+    # self forcing: the distilled model fine-tuned on its own open-loop rollouts (0 steps = skip)
+    self_forcing_steps: int = 1400
+    self_forcing_lr: float = 5e-5
+    self_forcing_frames: int = 40  # the longest own rollout before the block it learns
+    self_forcing_targets: str = "simulator"  # or "recorded" (see ``self_forcing``)
+    opening_frames: int = 2  # the simulator's frames a rollout starts from, as in the pipeline
     # flow-matching loss weights (see ``loss_weights``); 1 and 0 give the plain mean squared error
     context_weight: float = 0.0
     motion_weight: float = 4.0
@@ -262,27 +274,189 @@ def distill(cfg: ArenaTrainingConfig, teacher, latents, actions, balls, work: Pa
     return student.eval()
 
 
-def train_arena(out: str, work_dir: str, cfg: ArenaTrainingConfig | None = None, progress: bool = True):
-    """Run (or resume) all stages and save the video pipeline folder to ``out``."""
+@torch.no_grad()
+def own_rollout(model, x0: torch.Tensor, acts: torch.Tensor, opening: int, cfg: ArenaTrainingConfig,
+                rng: np.random.Generator, generator: torch.Generator) -> torch.Tensor:
+    """The model's own open-loop continuation of true latent frames x0 (B, T, C, h, w) under their
+    actions (B, T): the first ``opening`` frames are kept and every later one is replaced by the
+    model's one-step sample, generated as the app does (blocks of 1 to ``max_speculate`` frames
+    denoised together, each block's frames committed to the cache at ``context_noise``)."""
+    cache, frames, t = model.new_cache(), [x0[:, :opening]], opening
+    while t < x0.shape[1]:
+        n = min(int(rng.integers(1, cfg.max_speculate + 1)), x0.shape[1] - t)
+        shown = frames[-1].shape[1]  # committed with the first forward of the next block
+        z, _ = denoise_frames(model, cache, acts[:, t:t + n], 1, "consistency",
+                              commit=(frames[-1], acts[:, t - shown:t]), generator=generator,
+                              context_noise=cfg.context_noise)
+        frames.append(z)
+        t += n
+    return torch.cat(frames, 1)
+
+
+# a faint ball the model drew still counts as its ball, to be drawn sharp where it is: RGB distance
+# to the ball's colour (the game's detector takes 120; the player and the background are over 270 away)
+DRAWN_BALL_TOLERANCE = 180.0
+
+
+def _velocity(before, after, recorded: int) -> int:
+    """One component of the ball's velocity from its drawn centres in two frames: the displacement
+    rounded and clipped to the game's speeds (+-1, +-2); a displacement under half a pixel (a bounce
+    off a wall moves the ball less) takes the recorded velocity's direction at speed 1."""
+    v = int(np.clip(round(after - before), -2, 2))
+    return v if v else (1 if recorded > 0 else -1)
+
+
+@torch.no_grad()
+def simulated_targets(ae, context: torch.Tensor, states: np.ndarray, block_actions: np.ndarray):
+    """The next frames as the game draws them from what the model drew: scaled latents
+    (B, n, C, h, w), the ball's cells (B, n, h, w), and which rows have a target (B,) bool.
+
+    ``context`` (B, >=2, C, h, w): the model's frames (scaled latents), the last two of which are
+    read; ``states`` (B, 6): the recorded state of the last one (:func:`arena.state_row`);
+    ``block_actions`` (B, n): the keys leading to the next n frames. The player is the recorded
+    one: it follows the keys, so the model must learn to put it back where they take it. The ball
+    continues from where the model drew it in the last frame, at the velocity it drew it moving
+    with (:func:`_velocity`), drawn sharp even where the model drew it faint: a ball a few pixels
+    or a bounce off the recorded one cannot be put back from what the model sees, and a target it
+    cannot predict averages into a blur that is no ball at all. Rows where the model lost the ball
+    in either frame (or drew it inside the recorded player) have no target: taught the recorded
+    ball there, it learns that the ball is unpredictable and fades it everywhere.
+    """
+    dtype = next(ae.parameters()).dtype
+    B = context.shape[0]
+    drawn = ((ae.decode(context[:, -2:].flatten(0, 1).to(dtype)).float().clamp(-1, 1) + 1) * 127.5).round()
+    drawn = drawn.to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy().reshape(B, 2, arena.CANVAS, arena.CANVAS, 3)
+    frames, kept = [], []
+    for (before, last), row, keys in zip(drawn, states, block_actions):
+        state = arena.state_from_row(row)
+        seen = [arena.detect_ball(before, DRAWN_BALL_TOLERANCE), arena.detect_ball(last, DRAWN_BALL_TOLERANCE)]
+        corner = seen[1] and tuple(min(max(round(c - (arena.BALL_SIZE - 1) / 2), 0), arena.BALL_MAX)
+                                   for c in seen[1])
+        kept.append(None not in seen and not arena.overlaps(corner, state.player))
+        if kept[-1]:
+            velocity = tuple(_velocity(b, a, r) for b, a, r in zip(seen[0], seen[1], state.velocity))
+            state = arena.ArenaState(player=state.player, ball=corner, velocity=velocity)
+        block = []
+        for key in keys:
+            state = arena.step(state, int(key))
+            block.append(arena.render(state))
+        frames.append(block)
+    frames = np.stack(frames)
+    x = _frames_to_tensor(frames).to(context.device)
+    z = ae.encode(x.flatten(0, 1).to(dtype)).float()
+    cells = ball_cells(frames, arena.CANVAS // z.shape[-1]).to(context.device)
+    return z.view(*frames.shape[:2], *z.shape[1:]), cells, torch.tensor(kept, device=context.device)
+
+
+def self_forcing(cfg: ArenaTrainingConfig, student, ae, latents, actions, states, balls, work: Path, device,
+                 progress=True):
+    """Stage 4: fine-tune the distilled model on contexts it generated itself (Self Forcing's idea;
+    DAgger's, in imitation-learning terms), so that its own small errors stop adding up.
+
+    Each step rolls the model out open loop (no gradient) for 0 to ``self_forcing_frames`` frames
+    from ``opening_frames`` recorded ones, exactly as it plays (:func:`own_rollout`), then teaches it
+    the next block of 1 to ``max_speculate`` frames from the last ``window`` - n frames of that
+    rollout, denoised together as speculation uses them: from pure noise (tau = 1, the one-step
+    sample) half of the time, else from a level of the distillation grid. The loss is the weighted
+    squared error (:func:`loss_weights`) between the clean estimate ``x - tau v`` and the targets:
+
+    - ``self_forcing_targets="simulator"``: :func:`simulated_targets`, the recorded player and the
+      ball continued from where the model drew it;
+    - ``"recorded"``: the recorded frames. The player comes back, but the ball the model drew a few
+      pixels off cannot, and the model learns to blur it away (docs/experiments/2026-11-27-arena-self-forcing.md).
+
+    ``states`` (E, T+1, 6) are the episodes' states (:func:`arena.batch_states`), ``balls`` their
+    ball cells (:func:`ball_cells`).
+    """
+    if cfg.self_forcing_targets not in ("simulator", "recorded"):
+        raise ValueError(f"self_forcing_targets must be 'simulator' or 'recorded', got {cfg.self_forcing_targets!r}")
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.self_forcing_lr, weight_decay=0.0)
+    autocast = training_autocast(device)
+    E, T1 = latents.shape[:2]
+
+    def step_fn(step):
+        rng = np.random.default_rng([cfg.seed, 41, step])
+        generator = torch.Generator(device).manual_seed(int(rng.integers(2 ** 62)))
+        n = int(rng.integers(1, cfg.max_speculate + 1))
+        own = int(rng.integers(0, min(cfg.self_forcing_frames, T1 - cfg.opening_frames - n) + 1))
+        length = cfg.opening_frames + own + n
+        eps = torch.from_numpy(rng.integers(0, E, cfg.batch))[:, None]
+        idx = torch.from_numpy(rng.integers(0, T1 - length + 1, cfg.batch)[:, None] + np.arange(length)[None])
+        acts = actions[eps, (idx - 1).clamp(min=0)]
+        acts[idx == 0] = student.no_action
+        x0, acts = latents[eps, idx].to(device), acts.to(device)
+        student.eval()
+        with torch.autocast(**autocast):
+            context = own_rollout(student, x0[:, :-n], acts[:, :-n], cfg.opening_frames, cfg, rng, generator)
+        student.train()
+        keep = min(context.shape[1], cfg.window - n)
+        context, acts = context[:, -keep:].float(), acts[:, -(keep + n):]
+        if cfg.self_forcing_targets == "simulator":
+            target, ball, kept = simulated_targets(ae, context, states[eps[:, 0].numpy(), idx[:, -n - 1].numpy()],
+                                                   acts[:, -n:].cpu().numpy())
+        else:
+            target, ball = x0[:, -n:], balls[eps, idx[:, -n:]].to(device)
+            kept = torch.ones(cfg.batch, dtype=torch.bool, device=device)
+        taus = torch.full((cfg.batch, keep + n), cfg.context_noise, device=device)
+        taus[:, keep:] = 1.0 if rng.random() < 0.5 else int(rng.integers(1, cfg.distill_grid + 1)) / cfg.distill_grid
+        noise = torch.randn((cfg.batch, keep + n, *target.shape[2:]), generator=generator, device=device)
+        inputs = _noised(torch.cat([context, target], 1), taus, noise)
+        with torch.autocast(**autocast):
+            v = student(inputs, taus, acts)
+        estimate = (inputs - taus[:, :, None, None, None] * v.float())[:, keep:]
+        frames = torch.cat([context, target], 1)
+        weights = loss_weights(frames, taus, cfg, torch.cat([torch.zeros_like(ball[:, :1]).expand(-1, keep, -1, -1),
+                                                             ball], 1))[:, keep:]
+        weights = weights * kept[:, None, None, None, None]
+        loss = ((estimate - target) ** 2 * weights).sum() / (weights.expand_as(target).sum() + 1e-8)
+        optimizer_step(opt, loss, student.parameters())
+        return {"loss": loss.item(), "own": own, "kept": kept.float().mean().item()}
+
+    run_stage("self forcing", work / "self_forcing", {"student": student}, opt, cfg.self_forcing_steps, step_fn,
+              lr=cfg.self_forcing_lr, warmup=20, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
+    return student.eval()
+
+
+def train_arena(out: str, work_dir: str, cfg: ArenaTrainingConfig | None = None, progress: bool = True,
+                start_from: str | None = None):
+    """Run (or resume) all stages and save the video pipeline folder to ``out``.
+
+    ``start_from``: a pipeline folder this recipe wrote; its autoencoder, distilled transformer and
+    teacher stand in for stages 1 to 3 (their fields of ``cfg`` are then unused) and only self
+    forcing runs, on the episodes encoded by that autoencoder.
+    """
     from ..pipelines.nfd import NextFramePipeline
 
     cfg = cfg or ArenaTrainingConfig()
     config = json.loads(json.dumps(asdict(cfg)))
+    if start_from:
+        config["start_from"] = str(start_from)
     work = claim_work_dir(work_dir, config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()
-    ae = train_autoencoder(cfg, work, device, progress)
+    if start_from:
+        base = NextFramePipeline.from_pretrained(start_from)
+        if base.teacher is None:
+            raise ValueError(f"{start_from} has no teacher; self forcing starts from a folder with all three models")
+        ae, teacher, student = (m.float().to(device) for m in (base.autoencoder, base.teacher, base.transformer))
+    else:
+        ae = train_autoencoder(cfg, work, device, progress)
     for p in ae.parameters():
         p.requires_grad_(False)
     latents, actions, balls = episode_latents(cfg, ae, device)
-    scale = float(1.0 / latents.std())
-    ae.register_to_config(scaling_factor=scale)
-    latents = latents * scale
-    teacher = train_transformer(cfg, latents, actions, balls, work, device, progress)
-    student = distill(cfg, teacher, latents, actions, balls, work, device, progress)
+    states = arena.batch_states(cfg.seed + 1000, cfg.episodes, cfg.episode_frames)
+    if not start_from:
+        ae.register_to_config(scaling_factor=float(1.0 / latents.std()))
+    latents = latents * ae.config.scaling_factor
+    if not start_from:
+        teacher = train_transformer(cfg, latents, actions, balls, work, device, progress)
+        student = distill(cfg, teacher, latents, actions, balls, work, device, progress)
+    if cfg.self_forcing_steps:
+        student = self_forcing(cfg, student, ae, latents, actions, states, balls, work, device, progress)
     # stored in float16 to keep the asset small; from_pretrained loads them back in float32
     pipe = NextFramePipeline(transformer=student.cpu().half(), teacher=teacher.cpu().half(),
                              autoencoder=ae.cpu().half(), context_noise=cfg.context_noise)
     pipe.save_pretrained(out)
-    write_training_record(out, "visualspec train-arena", config, t0, device)
+    write_training_record(out, "visualspec train-arena" + (f" --from {start_from}" if start_from else ""), config,
+                          t0, device)
     return NextFramePipeline.from_pretrained(out)

@@ -29,6 +29,7 @@ import torch
 
 from ..core.checks import check_positive_int
 from ..core.sampling import Generator, normal
+from ..models.nfd import FrameCache
 
 SAMPLERS = ("flow", "consistency")
 
@@ -144,11 +145,20 @@ class WorldSession:
         """Advance one frame under ``action`` and return the frame."""
         start = time.perf_counter()
         a = self.action_index(action)
+        if not self._buffered(a):
+            self._generate([self], [a])
+        return self._show(a, start)
+
+    def _buffered(self, a: int) -> bool:
+        """Whether the next frame under action ``a`` was speculated already; counts the hit, or the
+        frames discarded because the action changed."""
         if self.buffer and self.buffer_action == a:
             self.stats.hits += 1
-        else:
-            self.stats.discarded += len(self.buffer)
-            self._generate(a)
+            return True
+        self.stats.discarded += len(self.buffer)
+        return False
+
+    def _show(self, a: int, start: float):
         latent, frame = self.buffer.pop(0)
         self.pending_latents = torch.cat([self.pending_latents, latent[:, None]], dim=1)
         self.pending_actions = torch.cat([self.pending_actions, torch.tensor([[a]])], dim=1)
@@ -158,20 +168,54 @@ class WorldSession:
         self.stats.frame_seconds.append(elapsed)
         return frame
 
-    def _generate(self, a: int) -> None:
-        n = self.speculate
+    def _batch_key(self) -> tuple:
+        """Worlds with equal keys can generate in one batched forward (:func:`step_together`)."""
+        return (id(self.model), self.decode, self.cache.frames, self.pending_latents.shape[1], self.speculate,
+                self.steps, self.sampler, self.context_noise)
+
+    @staticmethod
+    def _generate(sessions: list["WorldSession"], actions: list[int]) -> None:
+        """Fill the buffers of ``sessions`` (equal :meth:`_batch_key`) with their next ``speculate``
+        frames under ``actions``, in one batched call of :func:`denoise_frames`."""
+        first, n = sessions[0], sessions[0].speculate
+        cache = first.cache if len(sessions) == 1 else FrameCache.stack([s.cache for s in sessions])
+        commit = (torch.cat([s.pending_latents for s in sessions]), torch.cat([s.pending_actions for s in sessions]))
+        generators = [s.generator for s in sessions]
+        generator = generators[0] if len(sessions) == 1 else (None if None in generators else generators)
         latents, forwards = denoise_frames(
-            self.model, self.cache, torch.full((1, n), a, dtype=torch.long), self.steps, self.sampler,
-            commit=(self.pending_latents, self.pending_actions), generator=self.generator,
-            context_noise=self.context_noise)
-        self.pending_latents = self.pending_latents[:, :0]
-        self.pending_actions = self.pending_actions[:, :0]
-        frames = self.decode(latents[0])
-        self.buffer = [(latents[:, i], frames[i]) for i in range(n)]
-        self.buffer_action = a
-        self.stats.model_forwards += forwards
-        self.stats.generation_calls += 1
-        self.stats.speculated += n - 1
+            first.model, cache, torch.tensor(actions)[:, None].expand(-1, n), first.steps, first.sampler,
+            commit=commit, generator=generator, context_noise=first.context_noise)
+        frames = first.decode(latents.flatten(0, 1))
+        caches = [cache] if len(sessions) == 1 else cache.split()
+        for b, (s, a) in enumerate(zip(sessions, actions)):
+            s.cache = caches[b]
+            s.pending_latents = s.pending_latents[:, :0]
+            s.pending_actions = s.pending_actions[:, :0]
+            s.buffer = [(latents[b:b + 1, i], frames[b * n + i]) for i in range(n)]
+            s.buffer_action = a
+            s.stats.model_forwards += forwards
+            s.stats.generation_calls += 1
+            s.stats.speculated += n - 1
+
+
+def step_together(sessions: list[WorldSession], actions: list) -> list:
+    """One frame for each of several worlds (one per player), as ``[s.step(a) for s, a in ...]``
+    would give, but with the generations they need made in batched forwards: worlds of one model
+    whose caches hold as many frames and who commit as many shown frames go together (after their
+    first frames that is all of them). On a CPU, one forward for three worlds costs far less than
+    three, most of a small model's step being fixed costs; on a GPU, even more so (vLLM's continuous
+    batching, for worlds). Each world keeps its own generator, so its frames do not depend on who
+    else plays (up to floating-point summation order); every world is charged the batch's time.
+    """
+    start = time.perf_counter()
+    indices = [s.action_index(a) for s, a in zip(sessions, actions)]
+    groups: dict[tuple, list[int]] = {}
+    for i, (s, a) in enumerate(zip(sessions, indices)):
+        if not s._buffered(a):
+            groups.setdefault(s._batch_key(), []).append(i)
+    for members in groups.values():
+        WorldSession._generate([sessions[i] for i in members], [indices[i] for i in members])
+    return [s._show(a, start) for s, a in zip(sessions, indices)]
 
 
 def rollout(model, decode: Callable, first, actions, steps: int = 1, sampler: str = "consistency",

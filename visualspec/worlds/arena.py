@@ -136,7 +136,8 @@ def _action_array(actions, num_frames: int) -> np.ndarray:
 # ------------------------------------------------------------------------------------ dynamics
 
 
-def _overlap(ball: Sequence[int], player: Sequence[int]) -> bool:
+def overlaps(ball: Sequence[int], player: Sequence[int]) -> bool:
+    """Whether a ball and a player at these top-left corners share a pixel."""
     return all(b < p + PLAYER_SIZE and p < b + BALL_SIZE for b, p in zip(ball, player))
 
 
@@ -148,7 +149,7 @@ def _check_state(state: ArenaState) -> None:
         raise ValueError(f"ball {state.ball} is not inside the canvas (0..{BALL_MAX})")
     if vx not in BALL_VELOCITIES or vy not in BALL_VELOCITIES:
         raise ValueError(f"ball velocity {state.velocity} has a component outside {BALL_VELOCITIES}")
-    if _overlap(state.ball, state.player):
+    if overlaps(state.ball, state.player):
         raise ValueError(f"ball {state.ball} overlaps player {state.player}")
 
 
@@ -180,7 +181,7 @@ def step(state: ArenaState, action: int | str) -> ArenaState:
     player = [min(max(p + PLAYER_SPEED * d, 0), PLAYER_MAX) for p, d in zip(state.player, (dx, dy))]
     (bx, vx), (by, vy) = (_wall_move(b, v) for b, v in zip(state.ball, state.velocity))
     ball, velocity = [bx, by], [vx, vy]
-    if _overlap(ball, player):
+    if overlaps(ball, player):
         axis = _entry_axis(state.ball, state.player, ball, player)
         if state.ball[axis] + BALL_SIZE <= state.player[axis]:  # came from the low side (left / above)
             ball[axis] = player[axis] - BALL_SIZE
@@ -200,7 +201,7 @@ def reset(rng: np.random.Generator) -> ArenaState:
     player = tuple(int(v) for v in rng.integers(0, PLAYER_MAX + 1, size=2))
     while True:
         ball = tuple(int(v) for v in rng.integers(0, BALL_MAX + 1, size=2))
-        if not _overlap(ball, player):
+        if not overlaps(ball, player):
             break
     velocity = tuple(int(v) for v in rng.choice(BALL_VELOCITIES, size=2))
     return ArenaState(player=player, ball=ball, velocity=velocity)
@@ -265,10 +266,33 @@ def batch_episodes(seed: int, count: int, num_frames: int) -> tuple[np.ndarray, 
 
     Episode k is seeded by the k-th child of ``SeedSequence(seed)``, so it does not depend on ``count``.
     """
+    episodes = _seeded_episodes(seed, count, num_frames)
+    return np.stack([e.frames for e in episodes]), np.stack([e.actions for e in episodes])
+
+
+def batch_states(seed: int, count: int, num_frames: int) -> np.ndarray:
+    """The states of :func:`batch_episodes` (same arguments, same episodes): int64
+    (count, T+1, 6), each row ``(player x, player y, ball x, ball y, ball vx, ball vy)``
+    (:func:`state_row`)."""
+    return np.array([[state_row(s) for s in e.states] for e in _seeded_episodes(seed, count, num_frames)],
+                    dtype=np.int64)
+
+
+def _seeded_episodes(seed: int, count: int, num_frames: int) -> list[Episode]:
     check_positive_int("count", count)
     children = np.random.SeedSequence(seed).spawn(count)
-    episodes = [episode(np.random.default_rng(child), num_frames) for child in children]
-    return np.stack([e.frames for e in episodes]), np.stack([e.actions for e in episodes])
+    return [episode(np.random.default_rng(child), num_frames) for child in children]
+
+
+def state_row(state: ArenaState) -> tuple[int, ...]:
+    """``(player x, player y, ball x, ball y, ball vx, ball vy)`` of a state; :func:`state_from_row`
+    reads it back."""
+    return (*state.player, *state.ball, *state.velocity)
+
+
+def state_from_row(row) -> ArenaState:
+    px, py, bx, by, vx, vy = (int(v) for v in row)
+    return ArenaState(player=(px, py), ball=(bx, by), velocity=(vx, vy))
 
 
 # ------------------------------------------------------------------------------------ detection

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ...core.home import home
 
@@ -39,6 +40,10 @@ def register(sub, common) -> None:
         tr.add_argument("--work-dir", default=str(home() / name), help="checkpoints; rerun to resume")
         if seeded:
             tr.add_argument("--seed", type=int, help="default: the recipe's (0)")
+        if name == "train-arena":
+            tr.add_argument("--from", dest="start_from", metavar="FOLDER",
+                            help="start from this pipeline folder's trained models and run only the last stage "
+                                 "(self forcing)")
         tr.set_defaults(func=checked(func))
 
 
@@ -93,7 +98,9 @@ def train_unified(args) -> int:
 def train_arena(args) -> int:
     from ...training.arena import train_arena as train
 
-    train(args.out, args.work_dir)
+    if args.start_from and not (Path(args.start_from) / "model_index.json").is_file():
+        raise ValueError(f"--from {args.start_from}: not a pipeline folder (no model_index.json)")
+    train(args.out, args.work_dir, start_from=args.start_from)
     print(args.out)
     return 0
 

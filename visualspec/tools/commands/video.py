@@ -34,6 +34,9 @@ def register(sub, common) -> None:
     bv.add_argument("--episodes", type=count_arg, default=16)
     bv.add_argument("--speculate", type=count_arg, nargs="+", default=[4],
                     help="with --quality: frames speculated ahead in the speculative rollouts, one row each (default 4)")
+    bv.add_argument("--players", type=count_arg,
+                    help="instead: this many worlds stepped together (the app's batched clock) against one after "
+                         "another, at speculate 1 and 4")
     bv.add_argument("--json", help="write the results here")
     bv.set_defaults(func=run_bench_video)
 
@@ -92,6 +95,14 @@ def run_bench_video(args) -> int:
     if args.json:
         check_output_file(args.json, "--json")
     pipe = world_model(args.model)
+    if args.players:
+        from ..bench import run_players_benchmark
+
+        result = run_players_benchmark(pipe, args.players, frames=args.frames, rounds=args.rounds, seed=args.seed)
+        if args.json:
+            write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+        print(result["table"])
+        return 0
     result = run_video_benchmark(pipe, frames=args.frames, rounds=args.rounds, seed=args.seed)
     if args.quality:
         from ...eval.video import one_step_psnr, rollout_player_error
