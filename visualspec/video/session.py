@@ -202,10 +202,12 @@ def step_together(sessions: list[WorldSession], actions: list) -> list:
     """One frame for each of several worlds (one per player), as ``[s.step(a) for s, a in ...]``
     would give, but with the generations they need made in batched forwards: worlds of one model
     whose caches hold as many frames and who commit as many shown frames go together (after their
-    first frames that is all of them). On a CPU, one forward for three worlds costs far less than
-    three, most of a small model's step being fixed costs; on a GPU, even more so (vLLM's continuous
-    batching, for worlds). Each world keeps its own generator, so its frames do not depend on who
-    else plays (up to floating-point summation order); every world is charged the batch's time.
+    first frames that is all of them). The step's fixed costs are paid once per batch (vLLM's
+    continuous batching, for worlds): three worlds each get 1.3x to 1.4x the frames per second they
+    get one after another on a 2-core CPU without speculation (``visualspec bench-video --players
+    3``), and about the same with it. Each world keeps its own generator, so its frames do not
+    depend on who else plays (up to floating-point summation order; a batch in which some world has
+    no generator draws from torch's global one); every world is charged the batch's time.
     """
     start = time.perf_counter()
     indices = [s.action_index(a) for s, a in zip(sessions, actions)]
