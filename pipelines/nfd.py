@@ -4,7 +4,8 @@
     out = pipe(actions=["right"] * 30 + ["up"] * 30, seed=0)      # out.frames, out.stats
     session = pipe.interactive(seed=0)
     frame = session.step("left")                                   # (64, 64, 3) uint8
-    frames = ArenaSession.step_together([a, b], ["left", "up"])    # several players, one batch
+    worlds = [pipe.interactive(seed=s) for s in (1, 2)]           # several players' worlds,
+    frames = ArenaSession.step_together(worlds, ["left", "up"])    # stepped in one batch
     export_video(out.frames, "play.mp4")
 
 The world opens with ``opening_frames`` frames of the simulator (seeded; action "none"), which the

@@ -296,10 +296,9 @@ def test_episode_arguments_are_validated_with_clear_errors():
         arena.random_actions(np.random.default_rng(0), 5, persistence=1.5)
 
 
-def test_batch_states_are_the_states_drawn_in_batch_episodes():
-    frames, _ = arena.batch_episodes(5, 3, 10)
-    states = arena.batch_states(5, 3, 10)
-    assert states.shape == (3, 11, 6)
+def test_batch_episodes_states_are_the_states_drawn_in_their_frames():
+    frames, actions, states = arena.batch_episodes(5, 3, 10, with_states=True)
+    assert states.shape == (3, 11, 6) and np.array_equal(actions, arena.batch_episodes(5, 3, 10)[1])
     for e in range(3):
         for t in (0, 4, 10):
             assert np.array_equal(arena.render(arena.state_from_row(states[e, t])), frames[e, t])

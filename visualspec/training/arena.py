@@ -147,16 +147,19 @@ def ball_cells(frames: np.ndarray, cell: int = 8) -> torch.Tensor:
 
 @torch.no_grad()
 def episode_latents(cfg: ArenaTrainingConfig, ae, device, seed_offset: int = 0, count: int | None = None):
-    """Latents (E, T+1, C, 8, 8) (unscaled), actions (E, T) and the ball's latent cells
-    (E, T+1, 8, 8) of the training (or held-out) episodes."""
+    """Latents (E, T+1, C, 8, 8) (unscaled), actions (E, T), the ball's latent cells
+    (E, T+1, 8, 8) and the states (E, T+1, 6) (:func:`arena.state_row`) of the training (or
+    held-out) episodes."""
     count = count or cfg.episodes
-    frames, actions = arena.batch_episodes(cfg.seed + 1000 + seed_offset, count, cfg.episode_frames)
+    frames, actions, states = arena.batch_episodes(cfg.seed + 1000 + seed_offset, count, cfg.episode_frames,
+                                                   with_states=True)
     latents = []
     for chunk in np.array_split(np.arange(count), max(1, count // 50)):
         x = _frames_to_tensor(frames[chunk]).to(device)
         z = ae.encoder(x.flatten(0, 1))
         latents.append(z.view(len(chunk), x.shape[1], *z.shape[1:]).cpu())
-    return torch.cat(latents), torch.from_numpy(actions), ball_cells(frames, arena.CANVAS // latents[0].shape[-1])
+    return (torch.cat(latents), torch.from_numpy(actions), ball_cells(frames, arena.CANVAS // latents[0].shape[-1]),
+            states)
 
 
 def sample_windows(latents, actions, balls, cfg: ArenaTrainingConfig, rng: np.random.Generator, batch: int,
@@ -365,7 +368,7 @@ def self_forcing(cfg: ArenaTrainingConfig, student, ae, latents, actions, states
     - ``"recorded"``: the recorded frames. The player comes back, but the ball the model drew a few
       pixels off cannot, and the model learns to blur it away (docs/experiments/2026-11-27-arena-self-forcing.md).
 
-    ``states`` (E, T+1, 6) are the episodes' states (:func:`arena.batch_states`), ``balls`` their
+    ``states`` (E, T+1, 6) are the episodes' states (:func:`episode_latents`), ``balls`` their
     ball cells (:func:`ball_cells`).
     """
     if cfg.self_forcing_targets not in ("simulator", "recorded"):
@@ -399,12 +402,12 @@ def self_forcing(cfg: ArenaTrainingConfig, student, ae, latents, actions, states
             kept = torch.ones(cfg.batch, dtype=torch.bool, device=device)
         taus = torch.full((cfg.batch, keep + n), cfg.context_noise, device=device)
         taus[:, keep:] = 1.0 if rng.random() < 0.5 else int(rng.integers(1, cfg.distill_grid + 1)) / cfg.distill_grid
-        noise = torch.randn((cfg.batch, keep + n, *target.shape[2:]), generator=generator, device=device)
-        inputs = _noised(torch.cat([context, target], 1), taus, noise)
+        frames = torch.cat([context, target], 1)
+        noise = torch.randn(frames.shape, generator=generator, device=device)
+        inputs = _noised(frames, taus, noise)
         with torch.autocast(**autocast):
             v = student(inputs, taus, acts)
         estimate = (inputs - taus[:, :, None, None, None] * v.float())[:, keep:]
-        frames = torch.cat([context, target], 1)
         weights = loss_weights(frames, taus, cfg, torch.cat([torch.zeros_like(ball[:, :1]).expand(-1, keep, -1, -1),
                                                              ball], 1))[:, keep:]
         weights = weights * kept[:, None, None, None, None]
@@ -443,8 +446,7 @@ def train_arena(out: str, work_dir: str, cfg: ArenaTrainingConfig | None = None,
         ae = train_autoencoder(cfg, work, device, progress)
     for p in ae.parameters():
         p.requires_grad_(False)
-    latents, actions, balls = episode_latents(cfg, ae, device)
-    states = arena.batch_states(cfg.seed + 1000, cfg.episodes, cfg.episode_frames)
+    latents, actions, balls, states = episode_latents(cfg, ae, device)
     if not start_from:
         ae.register_to_config(scaling_factor=float(1.0 / latents.std()))
     latents = latents * ae.config.scaling_factor

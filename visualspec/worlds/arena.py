@@ -261,27 +261,20 @@ def episode(seed_or_rng: int | np.random.Generator, num_frames: int, actions=Non
     return Episode(frames=frames, actions=actions, states=states)
 
 
-def batch_episodes(seed: int, count: int, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` independent episodes: frames (count, T+1, 64, 64, 3) uint8 and actions (count, T) int64.
+def batch_episodes(seed: int, count: int, num_frames: int, with_states: bool = False) -> tuple[np.ndarray, ...]:
+    """``count`` independent episodes: frames (count, T+1, 64, 64, 3) uint8 and actions (count, T)
+    int64, and with ``with_states`` their states, int64 (count, T+1, 6), each row ``(player x,
+    player y, ball x, ball y, ball vx, ball vy)`` (:func:`state_row`).
 
     Episode k is seeded by the k-th child of ``SeedSequence(seed)``, so it does not depend on ``count``.
     """
-    episodes = _seeded_episodes(seed, count, num_frames)
-    return np.stack([e.frames for e in episodes]), np.stack([e.actions for e in episodes])
-
-
-def batch_states(seed: int, count: int, num_frames: int) -> np.ndarray:
-    """The states of :func:`batch_episodes` (same arguments, same episodes): int64
-    (count, T+1, 6), each row ``(player x, player y, ball x, ball y, ball vx, ball vy)``
-    (:func:`state_row`)."""
-    return np.array([[state_row(s) for s in e.states] for e in _seeded_episodes(seed, count, num_frames)],
-                    dtype=np.int64)
-
-
-def _seeded_episodes(seed: int, count: int, num_frames: int) -> list[Episode]:
     check_positive_int("count", count)
     children = np.random.SeedSequence(seed).spawn(count)
-    return [episode(np.random.default_rng(child), num_frames) for child in children]
+    episodes = [episode(np.random.default_rng(child), num_frames) for child in children]
+    out = np.stack([e.frames for e in episodes]), np.stack([e.actions for e in episodes])
+    if with_states:
+        out += (np.array([[state_row(s) for s in e.states] for e in episodes], dtype=np.int64),)
+    return out
 
 
 def state_row(state: ArenaState) -> tuple[int, ...]:

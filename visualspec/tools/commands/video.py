@@ -35,7 +35,7 @@ def register(sub, common) -> None:
     bv.add_argument("--speculate", type=count_arg, nargs="+", default=[4],
                     help="with --quality: frames speculated ahead in the speculative rollouts, one row each (default 4)")
     bv.add_argument("--players", type=count_arg,
-                    help="instead: this many worlds stepped together (the app's batched clock) against one after "
+                    help="instead: this many worlds stepped together in batched forwards against one after "
                          "another, at speculate 1 and 4")
     bv.add_argument("--json", help="write the results here")
     bv.set_defaults(func=run_bench_video)
