@@ -1,6 +1,7 @@
 """The next-frame video stack: block-causal transformer with a frame cache, the samplers, NFD
 speculation bookkeeping, the pipeline's API and errors, export, and the training command."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -235,7 +236,8 @@ def test_training_command_runs_and_resumes(tmp_path):
     for stage in ("distill", "self_forcing"):
         assert json.loads((tmp_path / "work" / stage / "meta.json").read_text())["step"] == 2
     train_arena(str(tmp_path / "out2"), str(tmp_path / "work"), cfg, progress=False)  # resumes: nothing left
-    tuned = train_arena(str(tmp_path / "tuned"), str(tmp_path / "work-tuned"), cfg, progress=False,
+    recovering = dataclasses.replace(cfg, self_forcing_recover=True)  # and with lost balls put back
+    tuned = train_arena(str(tmp_path / "tuned"), str(tmp_path / "work-tuned"), recovering, progress=False,
                         start_from=str(tmp_path / "out"))  # only self forcing, from the folder's models
     assert not (tmp_path / "work-tuned" / "distill").exists()
     assert json.loads((tmp_path / "work-tuned" / "self_forcing" / "meta.json").read_text())["step"] == 2
@@ -365,9 +367,20 @@ def test_self_forcing_targets_continue_the_ball_the_model_drew():
     recorded = arena.ArenaState(player=(40, 40), ball=(50, 10), velocity=(-2, -1))
     lost = torch.full((2, 3, 64, 64), -1.0)  # nothing drawn: no ball
     context = torch.stack([torch.stack([pixels(s) for s in drawn]), lost])
-    rows = np.array([arena.state_row(recorded)] * 2)
-    target, ball, kept = simulated_targets(Pixels(), context, rows, np.array([[0, 0], [0, 0]]))
+    rows = np.array([[arena.state_row(recorded)] * 2] * 2)
+    target, ball, kept = simulated_targets(Pixels(), context, rows, np.zeros((2, 4), dtype=np.int64))
     assert kept.tolist() == [True, False] and target.shape == (2, 2, 3, 64, 64) and ball.shape == (2, 2, 64, 64)
     frames = ((target[0].permute(0, 2, 3, 1) + 1) * 127.5).round().byte().numpy()
     assert [arena.detect_ball(f) for f in frames] == [(23.5, 35.5), (24.5, 37.5)]  # from (21, 32) by (+1, +2)
     assert [arena.detect_player(f) for f in frames] == [(43.5, 43.5)] * 2  # the recorded player
+
+    # drawn in two frames, then lost for two: put back where the game carried it, only with recover
+    context = torch.cat([context[:1], lost[None]], 1)  # (1, 4, ...)
+    rows, keys = np.array([[arena.state_row(recorded)] * 4]), np.zeros((1, 5), dtype=np.int64)
+    assert simulated_targets(Pixels(), context, rows, keys)[2].tolist() == [False]
+    target, _, kept = simulated_targets(Pixels(), context, rows, keys, recover=True)
+    frame = ((target[0, 0].permute(1, 2, 0) + 1) * 127.5).round().byte().numpy()
+    assert kept.tolist() == [True] and arena.detect_ball(frame) == (25.5, 39.5)  # three steps on from (21, 32)
+    context[0, 2] = context[0, 1]  # a ball seen again alone, after a lost frame, gives no velocity: no target
+    context[0, 1] = lost[0]
+    assert simulated_targets(Pixels(), context[:, 1:], rows[:, 1:], keys[:, 1:], recover=True)[2].tolist() == [False]

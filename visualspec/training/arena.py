@@ -80,6 +80,7 @@ class ArenaTrainingConfig:
     self_forcing_lr: float = 5e-5
     self_forcing_frames: int = 40  # the longest own rollout before the block it learns
     self_forcing_targets: str = "simulator"  # or "recorded" (see ``self_forcing``)
+    self_forcing_recover: bool = False  # simulator targets put back a ball the model lost (``simulated_targets``)
     opening_frames: int = 2  # the simulator's frames a rollout starts from, as in the pipeline
     # flow-matching loss weights (see ``loss_weights``); 1 and 0 give the plain mean squared error
     context_weight: float = 0.0
@@ -309,38 +310,60 @@ def _velocity(before, after, recorded: int) -> int:
     return v if v else (1 if recorded > 0 else -1)
 
 
+def _last_drawn_ball(seen: list, recover: bool) -> int | None:
+    """The frame whose drawn ball the target continues: the last one, if the ball was seen there
+    and in the frame before; with ``recover``, the last frame that shows a ball, if the frame
+    before shows it too (a ball seen alone, in one frame, gives no velocity: None)."""
+    i = len(seen) - 1
+    while recover and i > 0 and seen[i] is None:
+        i -= 1
+    return i if i > 0 and seen[i] is not None and seen[i - 1] is not None else None
+
+
 @torch.no_grad()
-def simulated_targets(ae, context: torch.Tensor, states: np.ndarray, block_actions: np.ndarray):
+def simulated_targets(ae, context: torch.Tensor, states: np.ndarray, keys: np.ndarray, recover: bool = False):
     """The next frames as the game draws them from what the model drew: scaled latents
     (B, n, C, h, w), the ball's cells (B, n, h, w), and which rows have a target (B,) bool.
 
-    ``context`` (B, >=2, C, h, w): the model's frames (scaled latents), the last two of which are
-    read; ``states`` (B, 6): the recorded state of the last one (:func:`arena.state_row`);
-    ``block_actions`` (B, n): the keys leading to the next n frames. The player is the recorded
-    one: it follows the keys, so the model must learn to put it back where they take it. The ball
-    continues from where the model drew it in the last frame, at the velocity it drew it moving
-    with (:func:`_velocity`), drawn sharp even where the model drew it faint: a ball a few pixels
-    or a bounce off the recorded one cannot be put back from what the model sees, and a target it
-    cannot predict averages into a blur that is no ball at all. Rows where the model lost the ball
-    in either frame (or drew it inside the recorded player) have no target: taught the recorded
-    ball there, it learns that the ball is unpredictable and fades it everywhere.
+    ``context`` (B, K, C, h, w), K >= 2: the model's frames (scaled latents); ``states`` (B, K, 6):
+    the recorded state of each (:func:`arena.state_row`); ``keys`` (B, K + n): the key leading to
+    each frame, context and target (the first is unused). The player is the recorded one: it
+    follows the keys, so the model must learn to put it back where they take it. The ball continues
+    from the last frame j where the model drew it in both j - 1 and j, from where it drew it, at
+    the velocity it drew it moving with (:func:`_velocity`), drawn sharp even where the model drew
+    it faint: a ball a few pixels or a bounce off the recorded one cannot be put back from what the
+    model sees, and a target it cannot predict averages into a blur that is no ball at all.
+
+    Without ``recover`` j must be the last frame: rows where the model lost the ball in either of
+    the last two frames (or drew it inside the recorded player) have no target, since taught the
+    recorded ball there it learns that the ball is unpredictable and fades it everywhere. With
+    ``recover`` j may be any context frame: a ball the model drew and then lost is put back where
+    the game would have carried it, which the model can tell from the frames it still sees.
     """
     dtype = next(ae.parameters()).dtype
-    B = context.shape[0]
-    drawn = ((ae.decode(context[:, -2:].flatten(0, 1).to(dtype)).float().clamp(-1, 1) + 1) * 127.5).round()
-    drawn = drawn.to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy().reshape(B, 2, arena.CANVAS, arena.CANVAS, 3)
+    B, K = context.shape[:2]
+    read = context if recover else context[:, -2:]
+    drawn = ((ae.decode(read.flatten(0, 1).to(dtype)).float().clamp(-1, 1) + 1) * 127.5).round()
+    drawn = drawn.to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy().reshape(B, -1, arena.CANVAS, arena.CANVAS, 3)
+    first = K - drawn.shape[1]  # the context index of drawn[:, 0]
     frames, kept = [], []
-    for (before, last), row, keys in zip(drawn, states, block_actions):
-        state = arena.state_from_row(row)
-        seen = [arena.detect_ball(before, DRAWN_BALL_TOLERANCE), arena.detect_ball(last, DRAWN_BALL_TOLERANCE)]
-        corner = seen[1] and tuple(min(max(round(c - (arena.BALL_SIZE - 1) / 2), 0), arena.BALL_MAX)
-                                   for c in seen[1])
-        kept.append(None not in seen and not arena.overlaps(corner, state.player))
-        if kept[-1]:
-            velocity = tuple(_velocity(b, a, r) for b, a, r in zip(seen[0], seen[1], state.velocity))
-            state = arena.ArenaState(player=state.player, ball=corner, velocity=velocity)
+    for shown, rows, row_keys in zip(drawn, states, keys):
+        seen = [arena.detect_ball(f, DRAWN_BALL_TOLERANCE) for f in shown]
+        j, state = _last_drawn_ball(seen, recover), arena.state_from_row(rows[-1])
+        if j is not None:
+            recorded = arena.state_from_row(rows[first + j])
+            corner = tuple(min(max(round(c - (arena.BALL_SIZE - 1) / 2), 0), arena.BALL_MAX) for c in seen[j])
+            if arena.overlaps(corner, recorded.player):
+                j = None
+            else:
+                velocity = tuple(_velocity(b, a, r) for b, a, r in zip(seen[j - 1], seen[j], recorded.velocity))
+                state = arena.ArenaState(player=recorded.player, ball=corner, velocity=velocity)
+                j += first
+        kept.append(j is not None)
+        for key in row_keys[(j if j is not None else K - 1) + 1:K]:  # carry the drawn ball to the last frame
+            state = arena.step(state, int(key))
         block = []
-        for key in keys:
+        for key in row_keys[K:]:
             state = arena.step(state, int(key))
             block.append(arena.render(state))
         frames.append(block)
@@ -364,7 +387,8 @@ def self_forcing(cfg: ArenaTrainingConfig, student, ae, latents, actions, states
     squared error (:func:`loss_weights`) between the clean estimate ``x - tau v`` and the targets:
 
     - ``self_forcing_targets="simulator"``: :func:`simulated_targets`, the recorded player and the
-      ball continued from where the model drew it;
+      ball continued from where the model drew it (with ``self_forcing_recover``, from where it
+      last drew it, if it lost it since);
     - ``"recorded"``: the recorded frames. The player comes back, but the ball the model drew a few
       pixels off cannot, and the model learns to blur it away (docs/experiments/2026-11-27-arena-self-forcing.md).
 
@@ -395,8 +419,9 @@ def self_forcing(cfg: ArenaTrainingConfig, student, ae, latents, actions, states
         keep = min(context.shape[1], cfg.window - n)
         context, acts = context[:, -keep:].float(), acts[:, -(keep + n):]
         if cfg.self_forcing_targets == "simulator":
-            target, ball, kept = simulated_targets(ae, context, states[eps[:, 0].numpy(), idx[:, -n - 1].numpy()],
-                                                   acts[:, -n:].cpu().numpy())
+            shown = idx[:, -(keep + n):-n].numpy()
+            target, ball, kept = simulated_targets(ae, context, states[eps.numpy(), shown], acts.cpu().numpy(),
+                                                   recover=cfg.self_forcing_recover)
         else:
             target, ball = x0[:, -n:], balls[eps, idx[:, -n:]].to(device)
             kept = torch.ones(cfg.batch, dtype=torch.bool, device=device)
