@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import app  # noqa: E402
+from visualspec.tools import app  # noqa: E402
 from visualspec.tools.serve import find_chromium, serve  # noqa: E402
 
 

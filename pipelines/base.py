@@ -22,7 +22,10 @@ class VisualSpecPipeline(DiffusionPipeline):
     """Base class of every visualspec pipeline (a diffusers ``DiffusionPipeline``).
 
     ``VisualSpecPipeline.from_pretrained(folder)`` reads ``model_index.json`` and returns the
-    pipeline class that saved the folder (image or video), like transformers' Auto classes.
+    pipeline class that saved the folder (image or video), like transformers' Auto classes. Weights
+    load from safetensors only (``use_safetensors=True`` unless the caller says otherwise): a folder
+    whose ``.safetensors`` file is missing is refused with that file's name, even if a pickled
+    ``.bin`` lies beside it.
     """
 
     @classmethod
@@ -50,6 +53,7 @@ class VisualSpecPipeline(DiffusionPipeline):
         elif class_name is not None and class_name != cls.__name__:
             raise ValueError(f"{path} holds a {class_name}, not a {cls.__name__}")
         kwargs.setdefault("trust_remote_code", False)
+        kwargs.setdefault("use_safetensors", True)  # never a pickle: a missing .safetensors is an error naming it
         try:
             return super(VisualSpecPipeline, target).from_pretrained(path, **kwargs)
         except (RuntimeError, ValueError, OSError) as err:

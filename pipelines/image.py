@@ -353,6 +353,19 @@ def class_label_list(given, num_classes: int, model: str = "this model") -> list
     return [int(x) for x in items]
 
 
+def caption_text(prompt: str) -> str:
+    """The caption a prompt stands for: without surrounding spaces and one final full stop, as a
+    sentence may end ("A photo of a RED circle." reads as "a photo of a red circle"; the
+    tokenizer lower-cases)."""
+    text = prompt.strip()
+    return text[:-1].rstrip() if text.endswith(".") else text
+
+
+def _shortened(prompt: str, limit: int = 80) -> str:
+    """A prompt quoted in a message: its first ``limit`` characters and how long it was."""
+    return prompt if len(prompt) <= limit else f"{prompt[:limit]}... ({len(prompt)} characters)"
+
+
 class PromptConditioning:
     """The conditions of an image pipeline whose ``transformer`` is LlamaGen-shaped (its config has
     ``model_type``, ``num_classes``, ``cls_token_num``, ``caption_dim``; it has ``null_condition``):
@@ -401,26 +414,39 @@ class PromptConditioning:
             raise ValueError("the prompt is empty")
         self._conditions_items([prompt])
         if self.is_text_conditional:
-            self._check_words(prompt, self._tokenize([prompt]).input_ids[0])
+            self._check_caption(prompt)
 
-    def _check_words(self, prompt: str, ids) -> None:
+    def _check_caption(self, prompt: str) -> None:
+        """Refuse a prompt the text encoder cannot read whole: with words it does not know (anywhere
+        in it), or longer than its ``cls_token_num`` caption tokens (it would be cut, silently
+        changing what is drawn)."""
+        if self.text_encoder is None or self.tokenizer is None:
+            raise ValueError("this text-conditional pipeline has no text_encoder/tokenizer to encode prompts")
+        ids = self.tokenizer(caption_text(prompt), add_special_tokens=True, verbose=False).input_ids
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        if unk is not None and bool((ids == unk).any()):
-            words = [w for w in prompt.split() if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
-            raise ValueError(f"prompt {prompt!r} has words the text encoder does not know: {words}")
+        if unk is not None and unk in ids:
+            words = [w for w in caption_text(prompt).split()
+                     if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
+            raise ValueError(f"prompt {_shortened(prompt)!r} has words the text encoder does not know: {words}")
+        limit = self.transformer.config.cls_token_num
+        if len(ids) > limit:
+            raise ValueError(f"prompt {_shortened(prompt)!r} is {len(ids)} caption tokens; this model reads at most "
+                             f"{limit} (its cls_token_num), so the rest would be lost: shorten it")
 
     def _tokenize(self, prompts: list[str]):
-        """The caption tokens the text encoder reads: ``cls_token_num`` per prompt, cut or padded."""
+        """The caption tokens the text encoder reads: ``cls_token_num`` per prompt, padded (a longer
+        prompt is refused by :meth:`_check_caption` before it gets here)."""
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this text-conditional pipeline has no text_encoder/tokenizer to encode prompts")
         T = self.transformer.config.cls_token_num
-        return self.tokenizer(prompts, padding="max_length", max_length=T, truncation=True, return_tensors="pt")
+        return self.tokenizer([caption_text(p) for p in prompts], padding="max_length", max_length=T,
+                              truncation=True, return_tensors="pt")
 
     def encode_prompt(self, prompts: list[str]):
         """Prompts -> (caption features (B, T, C), mask (B, T)), left-padded like LlamaGen."""
+        for prompt in dict.fromkeys(prompts):  # each distinct prompt once (a call repeats it per image)
+            self._check_caption(prompt)
         enc = self._tokenize(prompts)
-        for prompt, ids in zip(prompts, enc.input_ids):
-            self._check_words(prompt, ids)
         ids, mask = enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
         feats = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         if feats.shape[-1] != self.transformer.config.caption_dim:
@@ -449,4 +475,4 @@ class PromptConditioning:
 
 
 __all__ = ["OUTPUT_TYPES", "VisualSpecImageOutput", "ImagePipeline", "TokenImagePipeline", "PromptConditioning",
-           "window_policy", "window_lengths", "check_draft_compatible", "class_label_list"]
+           "window_policy", "window_lengths", "check_draft_compatible", "class_label_list", "caption_text"]

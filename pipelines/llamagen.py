@@ -228,7 +228,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if (Path(folder) / "model_index.json").is_file():
             draft = LlamaGenPipeline.from_pretrained(folder).transformer
         elif (Path(folder) / "config.json").is_file():
-            draft = LlamaGenGPT.from_pretrained(folder).eval()
+            draft = LlamaGenGPT.from_pretrained(folder, use_safetensors=True).eval()
         else:
             raise ValueError(f"--draft-model {folder} is neither a pipeline folder nor a LlamaGen GPT folder")
         self.register_modules(draft_model=draft.to(self.device))

@@ -6,6 +6,8 @@ masked order is not built yet: ``decoding="ar"`` (MAR's own sampler) is the only
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..core.checks import check_int
@@ -67,8 +69,10 @@ class MARPipeline(ImagePipeline):
         gen = make_generator(seed, generator)
         stats = DecodeStats(mode="mar", batch_size=len(labels), num_tokens=self.transformer.seq_len,
                             target_forwards=num_iter, slots=len(labels))
+        start = time.perf_counter()
         tokens = self.transformer.generate(labels, num_iter=num_iter, cfg=guidance_scale, cfg_schedule=cfg_schedule,
                                            temperature=temperature, generator=gen)
+        stats.wall_time_s = time.perf_counter() - start  # the decode, as the engine times it (the VAE apart)
         stats.row_forwards = torch.full((len(labels),), num_iter)
         return self.output(tokens, stats, output_type, return_dict,
                            lambda t: self.vae.decode(self.transformer.unpatchify(t)))

@@ -1,11 +1,19 @@
-"""The Gradio app's image tab, driven through its functions (no browser needed)."""
+"""The Gradio app's image tab, driven through its functions (no browser needed), and how it starts:
+``visualspec app`` and ``python app.py``."""
 
 import json
+import re
+import subprocess
+import sys
+import urllib.request
 
+import gradio as gr
 import pytest
+import torch
 from PIL import Image
 
-import app  # noqa: E402
+from conftest import ROOT
+from visualspec.tools import app
 
 
 @pytest.fixture(scope="module")
@@ -25,22 +33,159 @@ def test_generate_returns_image_map_and_stats(demo_fns):
     assert json.loads(stats)["mode"] == "sjd"
 
 
-def test_compare_runs_ar_and_sjd_side_by_side(demo_fns):
-    ar, sjd, rows = demo_fns.compare("a photo of a red circle", 4.0, 0)
-    assert rows[0][0] == "ar" and rows[0][1] == 256 and rows[1][0] == "sjd" and rows[1][1] < 256
+class Recording:
+    """A pipeline that keeps the decode statistics of each call, by decoding mode."""
+
+    def __init__(self, pipe):
+        self.pipe, self.stats = pipe, {}
+
+    def __call__(self, prompt, **kw):
+        out = self.pipe(prompt, **kw)
+        self.stats[kw["decoding"]] = out.stats
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
 
 
-def test_app_binds_to_localhost_by_default(monkeypatch):
+def test_compare_puts_each_value_under_its_heading(demo_fns):
+    """Each row of the AR versus SJD table is read by heading against the two runs' statistics."""
+    recording = Recording(demo_fns.pipe)
+    ar_image, sjd_image, rows = app.ImageDemo(recording).compare("a photo of a red circle", 4.0, 0)
+    assert ar_image.size == sjd_image.size == (384, 384)
+    ar, sjd = recording.stats["ar"], recording.stats["sjd"]
+    assert ar.mode == "ar" and sjd.mode == "sjd"
+    table = {row[0]: dict(zip(app.COMPARE_HEADERS[1:], row[1:])) for row in rows}
+    assert len(rows[0]) == len(app.COMPARE_HEADERS)
+    assert table["target forwards"] == {"AR": ar.target_forwards, "SJD": sjd.target_forwards,
+                                        "AR / SJD": round(ar.target_forwards / sjd.target_forwards, 2)}
+    assert table["target forwards"]["AR"] == 256 and table["target forwards"]["SJD"] < 256
+    assert table["accepted tokens per step"] == {"AR": round(ar.mean_accepted, 2), "SJD": round(sjd.mean_accepted, 2),
+                                                 "AR / SJD": round(ar.mean_accepted / sjd.mean_accepted, 2)}
+    assert table["accepted tokens per step"]["AR"] == 1 and table["accepted tokens per step"]["SJD"] > 1
+    assert table["seconds"] == {"AR": round(ar.wall_time_s, 3), "SJD": round(sjd.wall_time_s, 3),
+                                "AR / SJD": round(ar.wall_time_s / sjd.wall_time_s, 2)}
+
+
+def test_the_compare_note_says_why_the_images_differ(demo_fns):
+    """Next to the two images: SJD keeps AR's distribution, but a seed is not the same draw in both."""
+    components = app.build_demo(demo_fns.pipe).config["components"]
+    values = [c["props"].get("value") for c in components]
+    labels = [c["props"].get("label") for c in components]
+    note = labels.index("SJD") + 1
+    assert values[note] == app.COMPARE_NOTE and "lossless" in values[note] and "seed" in values[note]
+    assert labels[note + 1] == "Side by side"
+
+
+@pytest.mark.parametrize("prompt, message", [("", "the prompt is empty"), ("   ", "the prompt is empty"),
+                                             ("a photo of a zebra", "does not know: ['zebra']")])
+def test_bad_input_raises_the_pipelines_message_for_the_page(demo_fns, prompt, message):
+    with pytest.raises(gr.Error, match=re.escape(message)):
+        demo_fns.generate(prompt, "sjd", 4.0, 0)
+    with pytest.raises(gr.Error, match=re.escape(message)):
+        demo_fns.compare(prompt, 4.0, 0)
+
+
+def test_a_bad_decoding_or_an_empty_seed_is_a_message_too(demo_fns):
+    with pytest.raises(gr.Error, match="unknown decoding mode 'fast'"):
+        demo_fns.generate("a photo of a red circle", "fast", 4.0, 0)
+    with pytest.raises(gr.Error, match="give a seed"):
+        demo_fns.generate("a photo of a red circle", "sjd", 4.0, None)
+
+
+def test_examples_and_vocabulary_come_from_the_model(demo_fns):
+    """The example prompts are shapes-world prompts the model accepts, in the words the page lists;
+    a model whose words they are not gets none."""
+    pipe = demo_fns.pipe
+    examples, words = app.example_prompts(pipe), app.prompt_words(pipe)
+    assert len(examples) == 6 and len(set(examples)) == 6  # one of each task
+    for prompt in examples:
+        pipe.check_prompt(prompt)
+        assert set(prompt.split()) <= set(words)
+    assert {"circle", "red", "left", "photo"} <= set(words) and not any("<" in w for w in words)
+    assert "zebra" not in words
+
+    class NoCircles:
+        tokenizer = pipe.tokenizer
+
+        def check_prompt(self, prompt):
+            if "circle" in prompt:
+                raise ValueError("no circles")
+
+    kept = app.example_prompts(NoCircles())
+    assert kept == [p for p in examples if "circle" not in p] and len(kept) < len(examples)
+    components = app.build_demo(pipe).config["components"]
+    dataset = next(c for c in components if c["type"] == "dataset")
+    assert [row[0] for row in dataset["props"]["samples"]] == examples
+    accordion = next(c for c in components if c["type"] == "accordion")
+    assert accordion["props"]["open"] is False
+    listed = components[components.index(accordion) + 1]["props"]["value"]
+    assert all(word in listed for word in words)
+
+
+@pytest.fixture
+def torch_threads():
+    """The app sets torch's threads (1 by default): put them back afterwards."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_app_binds_to_localhost_by_default(monkeypatch, torch_threads):
     import uvicorn
 
     served = {}
     monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate: "the app")
     monkeypatch.setattr(app, "load_pipeline", lambda model: None)
+    monkeypatch.setattr(app, "load_world", lambda folder: None)
     monkeypatch.setattr(uvicorn, "run", lambda application, **kw: served.update(kw, app=application))
     app.main([])
     assert served["host"] == "127.0.0.1" and served["app"] == "the app"
     app.main(["--host", "0.0.0.0", "--port", "9000"])
     assert served["host"] == "0.0.0.0" and served["port"] == 9000
+
+
+def test_visualspec_app_has_the_options_of_python_app_py(capsys, torch_threads):
+    from visualspec.tools.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["app", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: visualspec app")
+    launcher = subprocess.run([sys.executable, "app.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+    for option in ("--model", "--world", "--host", "--port", "--speculate", "--threads"):
+        assert option in text and option in launcher
+    assert "default 127.0.0.1" in text and "default 127.0.0.1" in launcher
+    assert main(["app", "--world", str(ROOT / "tests")]) == 2  # not a pipeline folder: refused before serving
+    assert "is not a pipeline folder" in capsys.readouterr().err
+
+
+def test_visualspec_app_builds_and_serves_the_app(monkeypatch, torch_threads):
+    """``visualspec app --port P`` builds the app and serves it on P: the page loads there."""
+    import uvicorn
+
+    from visualspec.tools.cli import main
+    from visualspec.tools.serve import free_port, serve
+
+    pages = {}
+
+    def run(application, host, port, **kw):  # serve it for one request instead of forever
+        with serve(application, port=port) as url:
+            with urllib.request.urlopen(url + "/", timeout=60) as response:
+                pages[(host, port)] = response.status, response.read().decode()
+            with urllib.request.urlopen(url + "/config", timeout=60) as response:
+                pages["config"] = json.loads(response.read())
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    port = free_port()
+    assert main(["app", "--port", str(port)]) == 0
+    status, html = pages[("127.0.0.1", port)]
+    assert status == 200 and "window.visualspecArena" in html  # the page and the arena's script
+    values = [str(c["props"].get("value")) for c in pages["config"]["components"]]
+    assert "Generate" in values and app.COMPARE_NOTE in values  # the image tab
+    assert any('<canvas id="arena-canvas"' in v for v in values)  # the video tab, with the shipped world
 
 
 def test_the_blocks_build(demo_fns):

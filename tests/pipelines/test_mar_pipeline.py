@@ -1,6 +1,8 @@
 """The MAR pipeline on a tiny MAR and KL autoencoder built offline: saving and loading through
 VisualSpecPipeline, generation, conversion of official-layout files, the command line, and errors."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -72,7 +74,9 @@ def test_the_command_line_generates_with_mar(folder, tmp_path, capsys):
     out = tmp_path / "mar.png"
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--num-iter", "2", "-o", str(out),
                  "--stats"]) == 0
-    assert out.is_file() and "mar:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert out.is_file() and "mar:" in printed
+    assert json.loads(printed.strip().splitlines()[-1])["wall_time_s"] > 0  # the decode was timed (it read 0.00 s)
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--top-k", "5", "-o", str(out)]) == 2
     assert "--top-k is not an option of MAR" in capsys.readouterr().err
     assert main(["generate", "--class-label", "3", "--model", str(folder), "--gamma", "3", "-o", str(out)]) == 2

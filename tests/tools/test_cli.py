@@ -56,10 +56,19 @@ def test_device_defaults_to_cuda_only_where_there_is_one(monkeypatch):
     from visualspec.tools.loading import device_name as _device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _device(None) == "cpu" and _device("cuda:1") == "cuda:1"
+    assert _device(None) == "cpu" and _device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="--device cuda:1: CUDA is not available here"):
+        _device("cuda:1")  # named before any model loads, not torch's assertion deep inside a forward
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert _device(None) == "cuda:3"
+    assert _device(None) == "cuda:3" and _device("cuda:1") == "cuda:1"
+
+
+def test_generate_and_video_take_a_device(home, tmp_path):
+    out = tmp_path / "x.png"
+    assert main(["generate", "a photo of a red circle", "--device", "cpu", "-o", str(out)]) == 0 and out.is_file()
+    clip = tmp_path / "v.gif"
+    assert main(["video", "--device", "cpu", "--frames", "2", "-o", str(clip)]) == 0 and clip.is_file()
 
 
 def test_choice_lists_match_the_pipeline():
@@ -102,11 +111,11 @@ def test_a_missing_shipped_model_is_an_error_never_a_random_model(tmp_path, monk
         monkeypatch.setattr(visualspec.assets, name, empty / name)
     monkeypatch.setattr(quality, "FEATURES_DIR", empty / "fid")
     out = tmp_path / "out.png"
-    with pytest.raises(SystemExit, match="shipped model is missing from this installation"):
-        main(["generate", "a photo of a red circle", "-o", str(out)])
+    assert main(["generate", "a photo of a red circle", "-o", str(out)]) == 2
+    assert "shipped model is missing from this installation" in capsys.readouterr().err
     assert not out.exists()
-    with pytest.raises(SystemExit, match="shipped world model is missing from this installation"):
-        main(["video", "--frames", "2", "-o", str(tmp_path / "v.gif")])
+    assert main(["video", "--frames", "2", "-o", str(tmp_path / "v.gif")]) == 2
+    assert "shipped world model is missing from this installation" in capsys.readouterr().err
     images = tmp_path / "images"
     shapes.write_geneval_folder(images, shapes.evaluation_prompts(per_task=1, seed=0), samples_per_prompt=1)
     assert main(["eval", "fid", str(images)]) == 2
@@ -118,9 +127,9 @@ def test_bad_command_lines_are_named_before_any_work(home, tmp_path, capsys):
 
     assert main(["eval", "--help"]) == 0 and "eval geneval FOLDER" in capsys.readouterr().out
     out = tmp_path / "x.png"
-    with pytest.raises(SystemExit, match="NextFramePipeline, not an image pipeline.*visualspec video"):
-        main(["generate", "a photo of a red circle", "--model", str(ARENA_NFD), "-o", str(out)])
-    capsys.readouterr()
+    assert main(["generate", "a photo of a red circle", "--model", str(ARENA_NFD), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "NextFramePipeline, not an image pipeline" in err and "use `visualspec video --model`" in err
     for argv, message in (
             (["-o", str(tmp_path / "x.jpg2")], "unknown extension '.jpg2'"),
             (["--decoding", "speculative", "-o", str(out)], "needs --draft-model"),

@@ -74,7 +74,8 @@ def test_shipped_models_load_by_their_docs_path_from_any_folder(tmp_path, monkey
         assert shipped_or_path(name) == str(SHAPES_LUMINA)
     (tmp_path / "assets" / "shapes-lumina").mkdir(parents=True)  # a folder here of that path is the user's
     assert shipped_or_path("assets/shapes-lumina") == "assets/shapes-lumina"
-    assert shipped_or_path("other/shapes-lumina") == "other/shapes-lumina"
+    with pytest.raises(ValueError, match="--model other/shapes-lumina: neither a folder here nor a shipped model"):
+        shipped_or_path("other/shapes-lumina")  # not the docs' path: never a download
 
 
 @pytest.fixture
@@ -117,6 +118,15 @@ SWEEP = [  # (arguments, what the one-line message must say); every case must fa
     (["train-text", "--out", "o", "--work-dir", "file.txt"], "--work-dir 'file.txt' is a file, not a folder"),
     (["train-arena", "--out", "file.txt/o"], "inside 'file.txt', which is a file"),
     (["train-arena", "--out", "o", "--from", "folder"], "--from folder: not a pipeline folder"),
+    # a mistyped name is not sent to the Hub: it is named, with the names that exist
+    (["generate", "x", "--model", "shapes-t2"], "--model shapes-t2: neither a folder here nor a shipped model "
+                                                "(shipped: arena-nfd, shapes-lumina, shapes-t2i)"),
+    (["video", "--model", "arena"], "--model arena: neither a folder here nor a shipped model"),
+    (["batch", "--prompts", "prompts.txt", "--out", "o", "--model", "shapes"], "--model shapes: neither"),
+    (["generate", "x", "--device", "gpu0"], "--device gpu0: not a device name torch knows"),
+    (["video", "--device", "gpu0"], "--device gpu0: not a device name torch knows"),
+    (["bench-video", "--device", "gpu0"], "--device gpu0: not a device name torch knows"),
+    (["bench", "--device", "gpu0"], "--device gpu0: not a device name torch knows"),
 ]
 
 

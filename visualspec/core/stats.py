@@ -68,7 +68,11 @@ class DecodeStats:
 
     @property
     def tokens_per_forward(self) -> float:
-        """Tokens per target forward of one sequence (1.0 for AR)."""
+        """Tokens committed per target forward per sequence (1.0 for AR): ``num_tokens`` over
+        :attr:`forwards_per_sequence`, i.e. all sequences' tokens over the target forwards each
+        took part in (prefills included), summed over sequences. A batched forward counts once for
+        every row in it, so the figure does not grow or shrink with the batch size; at batch 1 it
+        is ``num_tokens / target_forwards``."""
         return self.num_tokens / max(self.forwards_per_sequence, 1.0)
 
     @property
@@ -133,7 +137,8 @@ class DecodeStats:
 def merge_decode_stats(parts: list[DecodeStats]) -> DecodeStats:
     """One DecodeStats for calls made one after another on consecutive groups of sequences: counts
     and times add up, per-step and per-sequence records are joined in order, ``slots`` is the
-    largest, and ``mode`` and ``num_tokens`` are the first call's."""
+    largest, and ``mode`` and ``num_tokens`` are the first call's. Its per-sequence figures
+    (``forwards_per_sequence``, ``tokens_per_forward``) are over every sequence of every call."""
     first = parts[0]
     if len(parts) == 1:
         return first

@@ -405,13 +405,9 @@ def list_image_files(folder_or_paths) -> list[Path]:
 
 
 def _read_rgb(path: Path) -> np.ndarray:
-    from PIL import Image
+    from .images import read_image
 
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"), dtype=np.uint8)
-    except Exception as e:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError...
-        raise ValueError(f"could not read image file {path}: {type(e).__name__}: {e}") from e
+    return np.asarray(read_image(path).convert("RGB"), dtype=np.uint8)
 
 
 def _same_shape_batches(arrays: Iterable[np.ndarray], batch_size: int) -> Iterable[np.ndarray]:

@@ -70,6 +70,7 @@ from PIL import Image, ImageOps
 
 from ..core.checks import check_positive_int
 from ..worlds.shapes import TASKS, relative_position
+from .images import read_image
 
 GENEVAL_COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 COLOR_TEMPLATES = ("a photo of a {c} {obj}", "a photo of a {c}-colored {obj}", "a photo of a {c} object")
@@ -245,9 +246,9 @@ def read_geneval_folder(folder) -> list[PromptFolder]:
 
 
 def load_image(path) -> Image.Image:
-    """An image file as RGB, EXIF orientation applied (as GenEval does for its crops)."""
-    with Image.open(path) as im:
-        return ImageOps.exif_transpose(im).convert("RGB")
+    """An image file as RGB, EXIF orientation applied (as GenEval does for its crops); a file that
+    is not a whole image raises ValueError naming it (:func:`visualspec.eval.images.read_image`)."""
+    return ImageOps.exif_transpose(read_image(path)).convert("RGB")
 
 
 # ====================================================================================== GenEval's rule

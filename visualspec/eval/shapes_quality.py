@@ -23,7 +23,7 @@ def shapes_fid_extractor(folder=None) -> TorchFeatureExtractor:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no FID-shapes feature network in {folder} (train one with "
                                 f"`visualspec train-shapes --features-out {folder}`)")
-    return TorchFeatureExtractor(ShapesFeatureNet.from_pretrained(folder), batch_size=250)
+    return TorchFeatureExtractor(ShapesFeatureNet.from_pretrained(folder, use_safetensors=True), batch_size=250)
 
 
 def score_shapes_folder(folder, reference=None, outfile=None) -> dict:

@@ -9,7 +9,7 @@ Layout (what GenEval's ``evaluate_images.py`` reads)::
     out_dir/00000/metadata.jsonl      the prompt's metadata object, one JSON line
     out_dir/00000/samples/0000.png    sample k of prompt 0, k < images_per_prompt
     out_dir/batch_config.json         the settings that determine the pixels (checked on resume)
-    out_dir/batch_stats_rank0.json    decode statistics of the last run of rank 0
+    out_dir/batch_stats_rank0.json    decode statistics of the last run of rank 0 that generated images
 
 Guarantees:
 
@@ -26,9 +26,11 @@ Guarantees:
   that ``"auto"`` uses are recorded in ``batch_config.json`` on the first run and reused on resume.)
 - **Resume.** A sample that exists is never rewritten; a chunk whose samples all exist is skipped; a
   chunk with some samples missing is generated again and only the missing files are written (they
-  are byte-identical to what the first run would have written). ``batch_config.json`` refuses a
-  resume with different settings, and each prompt's ``metadata.jsonl`` refuses a different prompt
-  file.
+  are byte-identical to what the first run would have written). Samples are written atomically,
+  so an existing file that does not decode as a whole image (a truncated copy, say) is foreign: it
+  counts as missing, is written again, and the run names it on stderr. ``batch_config.json``
+  refuses a resume with different settings, and each prompt's ``metadata.jsonl`` refuses a
+  different prompt file. A run with nothing left to do leaves the statistics file as it was.
 - **Atomic files.** Every file is written under a hidden temporary name (``.0000.png.<random>.tmp``,
   which neither GenEval's ``\\d+\\.png`` filter nor a shell glob sees) in its final folder, then
   renamed with ``os.replace``; an interrupted write removes its temporary file.
@@ -45,6 +47,7 @@ import contextlib
 import datetime
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -53,6 +56,7 @@ import torch
 
 from ..core.checks import check_int, check_positive_int
 from ..core.stats import merge_decode_stats
+from ..eval.images import read_image
 from .paths import atomic_write, check_output_folder
 
 CONFIG_NAME = "batch_config.json"
@@ -160,11 +164,21 @@ def _write_json(path, obj, indent=None) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
-def _exists(path: Path) -> bool:
+def _not_an_image(path: Path) -> str | None:
+    """Why the existing file ``path`` is not a whole image (what decoding it said), or None when
+    it is one."""
     try:
-        return path.stat().st_size > 0
-    except FileNotFoundError:
-        return False
+        read_image(path)
+    except ValueError as err:
+        cause = err.__cause__
+        return f"{type(cause).__name__}: {cause}" if cause is not None else str(err)
+    return None
+
+
+def saved_images(out_dir, num_prompts: int, images_per_prompt: int) -> int:
+    """How many of the ``num_prompts * images_per_prompt`` sample files exist in ``out_dir``."""
+    return sum(1 for i in range(num_prompts) for k in range(images_per_prompt)
+               if sample_path(out_dir, i, k).is_file())
 
 
 def check_prompts(pipe, labelled: list[tuple[str, dict]]) -> None:
@@ -266,8 +280,19 @@ def generate_batch(
 
     Returns ``{"generated", "skipped", "prompts", "chunks", "calls", "seconds", "rank",
     "world_size"}`` for this rank (``generated``: image files written; ``skipped``: images that
-    already existed; ``prompts``: prompts this rank is responsible for) and writes it, with the
-    mean decode statistics, to ``out_dir/batch_stats_rank{rank}.json``.
+    already existed as whole images; ``prompts``: prompts this rank is responsible for;
+    ``calls``: pipeline calls, 0 when nothing was left to do). When it generated something it
+    writes the summary, with the decode statistics of all its calls merged
+    (:func:`visualspec.core.stats.merge_decode_stats`), to ``out_dir/batch_stats_rank{rank}.json``;
+    a run with nothing left to do leaves that file as it was. There ``decode.tokens_per_forward``
+    is the tokens committed per target forward per image: all images' tokens over the target
+    forwards each image took part in (its prefill included), summed over images, as ``visualspec
+    generate --stats`` reports it at batch 1; a forward shared by the rows of a batch counts once
+    for each of them. ``decode.target_forwards`` counts the batched forwards themselves.
+
+    An existing sample that does not decode as a whole image is written again and named on
+    stderr. The progress bar (``progress``, rank 0) counts images as they finish (see
+    :func:`_image_progress`).
     """
     t0 = time.perf_counter()
     metas = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
@@ -307,8 +332,10 @@ def generate_batch(
     my_prompts = sorted({i for c in mine for i, _ in c})
     for i in my_prompts:
         _check_metadata(out_dir, i, metas[i])
-    todo = [c for c in mine if not all(_exists(sample_path(out_dir, i, k)) for i, k in c)]
-    skipped = sum(1 for c in mine for i, k in c if _exists(sample_path(out_dir, i, k)))
+    present = [(i, k) for c in mine for i, k in c if sample_path(out_dir, i, k).is_file()]
+    foreign = {(i, k): why for i, k in present if (why := _not_an_image(sample_path(out_dir, i, k))) is not None}
+    done = {ik for ik in present if ik not in foreign}  # whole images: never rewritten
+    todo = [c for c in mine if not all(ik in done for ik in c)]
 
     from tqdm.auto import tqdm
 
@@ -317,31 +344,91 @@ def generate_batch(
                disable=not progress or rank != 0)
     try:
         for chunk in todo:
-            out = pipe([metas[i]["prompt"] for i, _ in chunk], decoding=decoding, num_images_per_prompt=1,
-                       generator=[image_generator(seed, i, k) for i, k in chunk], batch_size=batch_size,
-                       output_type="pil", **pipe_kwargs)
+            with _image_progress(pipe, bar, len(chunk)):
+                out = pipe([metas[i]["prompt"] for i, _ in chunk], decoding=decoding, num_images_per_prompt=1,
+                           generator=[image_generator(seed, i, k) for i, k in chunk], batch_size=batch_size,
+                           output_type="pil", **pipe_kwargs)
             images = out.images if hasattr(out, "images") else out[0]
             if len(images) != len(chunk):
                 raise RuntimeError(f"the pipeline returned {len(images)} images for a chunk of {len(chunk)}")
             if getattr(out, "stats", None) is not None:
                 all_stats.append(out.stats)
             for (i, k), image in zip(chunk, images):
+                if (i, k) in done:  # written by an earlier run: the same bytes, leave it alone
+                    continue
                 path = sample_path(out_dir, i, k)
-                if not _exists(path):  # written by an earlier run: the same bytes, leave it alone
-                    atomic_write(path, lambda f, image=image: image.save(f, format="PNG"))
-                    generated += 1
-            bar.update(len(chunk))
+                atomic_write(path, lambda f, image=image: image.save(f, format="PNG"))
+                generated += 1
+                if (i, k) in foreign:
+                    tqdm.write(f"{path} was not a whole image ({foreign[i, k]}); regenerated it", file=sys.stderr)
     finally:
         bar.close()
 
-    summary = {"generated": generated, "skipped": skipped, "prompts": len(my_prompts), "chunks": len(mine),
+    summary = {"generated": generated, "skipped": len(done), "prompts": len(my_prompts), "chunks": len(mine),
                "calls": len(todo), "seconds": round(time.perf_counter() - t0, 3), "rank": rank,
                "world_size": world_size}
-    _write_json(out_dir / f"batch_stats_rank{rank}.json",
-                {**summary, "decoding": decoding,
-                 "decode": {"calls": len(all_stats), **(merge_decode_stats(all_stats).to_dict() if all_stats else {})}},
-                indent=2)
+    if todo:  # a run with nothing left to do keeps the statistics of the run that made the images
+        _write_json(out_dir / f"batch_stats_rank{rank}.json",
+                    {**summary, "decoding": decoding,
+                     "decode": {"calls": len(all_stats),
+                                **(merge_decode_stats(all_stats).to_dict() if all_stats else {})}},
+                    indent=2)
     return summary
+
+
+class _TokenCounter:
+    """What :func:`_image_progress` puts in place of the pipeline's own progress bar for one call:
+    the pipeline reports every token it commits to it; ``on_images(n)`` hears each whole image's
+    worth of tokens (``total`` tokens make ``images`` images)."""
+
+    def __init__(self, total: int, images: int, on_images: Callable[[int], None]):
+        self.per_image, self.images, self.on_images = max(int(total) // images, 1), images, on_images
+        self.tokens = self.reported = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        self.tokens += int(n)
+        whole = min(self.tokens // self.per_image, self.images)
+        if whole > self.reported:
+            self.on_images(whole - self.reported)
+            self.reported = whole
+
+
+@contextlib.contextmanager
+def _image_progress(pipe, bar, images: int) -> Iterator[None]:
+    """Advance ``bar`` by the ``images`` images of one pipeline call as they finish, not at once
+    at the end. An image is ``num_tokens`` committed tokens, and every token a row commits is
+    reported through the pipeline's progress bar, which this stands in for during the call; so the
+    bar advances one image for every ``num_tokens`` tokens committed (with continuous batching,
+    roughly as each image finishes), and by whatever is left when the call returns (all of it for a
+    pipeline that reports no tokens)."""
+    advanced = 0
+
+    def on_images(n: int) -> None:
+        nonlocal advanced
+        advanced += n
+        bar.update(n)
+
+    def progress_bar(iterable=None, total=None):
+        if iterable is not None or not total:  # not a count of tokens: nothing to show
+            return iterable if iterable is not None else _TokenCounter(images, images, lambda n: None)
+        return _TokenCounter(total, images, on_images)
+
+    hooked = hasattr(pipe, "progress_bar") and "progress_bar" not in vars(pipe)
+    if hooked:
+        pipe.progress_bar = progress_bar
+    try:
+        yield
+    finally:
+        if hooked:
+            del pipe.progress_bar
+    if advanced < images:
+        bar.update(images - advanced)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -159,20 +159,27 @@ VIDEO_CONFIGS = {
 
 
 def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0, configs: dict | None = None,
-                        persistence: float = 0.9) -> dict:
+                        persistence: float = 0.9, progress: bool = False) -> dict:
     """Frames per second of each configuration at batch 1 on one action script (a person holding
-    keys: ``persistence``), interleaved round by round; speedups are ratios to the first config."""
+    keys: ``persistence``), interleaved round by round; speedups are ratios to the first config.
+    ``progress``: a bar on stderr advancing once per rollout (warm-ups included)."""
+    from tqdm.auto import tqdm
+
     from ..worlds import arena
 
     configs = configs or VIDEO_CONFIGS
     actions = list(arena.random_actions(np.random.default_rng([seed, 3]), frames, persistence))
+    bar = tqdm(total=len(configs) * (rounds + 1), desc="bench-video (warm-up, then rounds)", disable=not progress)
     for use_teacher, steps, speculate in configs.values():  # warm-up
         pipe(actions=actions[:8], seed=seed, use_teacher=use_teacher, steps=steps, speculate=speculate)
+        bar.update()
     runs = {name: [] for name in configs}
     for r in range(rounds):
         for name, (use_teacher, steps, speculate) in configs.items():
             out = pipe(actions=actions, seed=seed + r, use_teacher=use_teacher, steps=steps, speculate=speculate)
             runs[name].append(out.stats)
+            bar.update()
+    bar.close()
     base = None
     results = {}
     for name, stats in runs.items():
@@ -193,11 +200,14 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
 
 
 def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3, seed: int = 0,
-                          speculate: tuple = (1, 4), persistence: float = 0.9) -> dict:
+                          speculate: tuple = (1, 4), persistence: float = 0.9, progress: bool = False) -> dict:
     """Several players' worlds (the app's case): frames per second each world gets when all are
     stepped together (:meth:`ArenaSession.step_together`, one batched generation per frame) and
     when they are stepped one after another (a world at a time, as a server without batching
-    would), interleaved round by round; each player holds keys of its own script."""
+    would), interleaved round by round; each player holds keys of its own script. ``progress``: a
+    bar on stderr advancing once per play (warm-ups included)."""
+    from tqdm.auto import tqdm
+
     from ..core.window_costs import machine_name
     from ..pipelines.nfd import ArenaSession
     from ..worlds import arena
@@ -217,12 +227,18 @@ def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3
                     world.step(key)
         return time.perf_counter() - start
 
+    bar = tqdm(total=2 * len(speculate) * (rounds + 1), desc=f"bench-video --players {players}",
+               disable=not progress)
     for k in speculate:  # warm-up
-        play(k, True, 0, min(8, frames)), play(k, False, 0, min(8, frames))
+        for together in (True, False):
+            play(k, together, 0, min(8, frames))
+            bar.update()
     seconds = {(k, together): 0.0 for k in speculate for together in (False, True)}
     for r in range(rounds):
         for k, together in seconds:
             seconds[k, together] += play(k, together, r, frames)
+            bar.update()
+    bar.close()
     results = {}
     for k in speculate:
         alone, batched = (rounds * frames / seconds[k, together] for together in (False, True))

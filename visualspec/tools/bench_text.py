@@ -58,10 +58,13 @@ def load_pair(folder=None):
     """(tokenizer, target, draft) of a text pair folder (:func:`pair_folder`; default: the shipped one)."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+    from .loading import quiet_loaders
+
     folder = pair_folder(folder)
+    quiet_loaders()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
-    target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32, use_safetensors=True).eval()
+    draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32, use_safetensors=True).eval()
     return tokenizer, target, draft
 
 
@@ -196,11 +199,13 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
 @torch.no_grad()
 def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: int = 6, threads: int | None = None,
                        only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
-                       stop_below: float = 0.2, compile: str = "both") -> dict:
+                       stop_below: float = 0.2, compile: str = "both", progress: bool = False) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
     fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers').
     Each method's first call (a full-length warm-up: window costs, compiled graphs) is timed
-    apart, as ``first_call_seconds``."""
+    apart, as ``first_call_seconds``. ``progress``: a bar on stderr advancing once per generation."""
+    from tqdm.auto import tqdm
+
     if threads:
         torch.set_num_threads(threads)
     folder = pair_folder(folder)
@@ -213,10 +218,13 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     counter = ForwardCounter(target)
     rows = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in table}
     outputs, first_call = {}, {}
+    bar = tqdm(total=len(table) * (1 + len(texts)), desc="bench-text (first calls, then prompts)",
+               disable=not progress)
     for name, fn in table.items():  # warm-up at full length: static caches and compiled graphs are sized by it
         t0 = time.perf_counter()
         fn(texts[0], new_tokens)
         first_call[name] = round(time.perf_counter() - t0, 2)
+        bar.update()
     for i, prompt in enumerate(texts):
         for name, fn in table.items():
             counter.calls = 0
@@ -226,6 +234,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
             rows[name]["tokens"] += len(ids)
             rows[name]["forwards"] += counter.calls
             outputs[name, i] = ids
+            bar.update()
+    bar.close()
     results = {}
     speed = {name: r["tokens"] / r["seconds"] for name, r in rows.items()}
     best_ar = max((name for name in rows if name in AR_METHODS), key=speed.get)

@@ -57,6 +57,9 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as err:  # bad input, a missing file, a file where a folder belongs, ...
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C: one line, saying what was kept where the command knows it
+        print(f"\ninterrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@ exponential moving average of weights, and a resumable stage loop with a learnin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -135,6 +138,31 @@ def ema_update(averaged, current, decay: float) -> None:
     torch._foreach_lerp_(list(averaged), list(current), 1 - decay)
 
 
+FIRST_CHECKPOINT_SECONDS = 60.0  # a run stopped in its first minutes keeps its work too
+
+
+@contextlib.contextmanager
+def stop_between_steps():
+    """Ctrl-C (SIGINT) asks the loop inside to stop after the step it is in, instead of stopping
+    the step halfway: yields a list that holds True once asked. A second Ctrl-C stops at once.
+    Outside the main thread, where no signal handler can be set, Ctrl-C stops at once as usual."""
+    asked: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield asked
+        return
+
+    def ask(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(True)
+
+    previous = signal.signal(signal.SIGINT, ask)
+    try:
+        yield asked
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_stage(desc: str, folder: Path, modules: dict, optimizer, steps: int, step_fn, *, lr: float | None = None,
               warmup: int = 0, checkpoint_seconds: float = 300.0, progress: bool = True) -> None:
     """Run (or resume) one training stage of ``steps`` optimisation steps.
@@ -142,24 +170,40 @@ def run_stage(desc: str, folder: Path, modules: dict, optimizer, steps: int, ste
     Resumes from the checkpoint in ``folder`` if there is one; before each step sets the learning
     rate (linear warmup over ``warmup`` steps, then cosine decay to a tenth) when ``lr`` is given;
     calls ``step_fn(step)``, which does the whole step and returns what the progress bar shows
-    (``{"loss": float, ...}``); checkpoints ``modules`` and ``optimizer`` every
-    ``checkpoint_seconds`` and at the end. Step s always sees the same data, so a resumed stage
+    (``{"loss": float, ...}``); checkpoints ``modules`` and ``optimizer`` after the first
+    ``FIRST_CHECKPOINT_SECONDS`` (or ``checkpoint_seconds``, if shorter), then every
+    ``checkpoint_seconds``, and at the end. Step s always sees the same data, so a resumed stage
     ends with the same weights as an uninterrupted one.
+
+    Ctrl-C finishes the step under way, checkpoints it and raises a ``KeyboardInterrupt`` whose
+    message says what was saved and how to resume (a second Ctrl-C stops at once, and the message
+    names the last checkpoint).
     """
     from tqdm.auto import tqdm
 
     meta = load_checkpoint(folder, modules, optimizer)
-    start = meta["step"] if meta else 0
-    last_save = time.time()
+    saved = start = meta["step"] if meta else 0
+    last_save, wait = time.time(), min(FIRST_CHECKPOINT_SECONDS, checkpoint_seconds)
+    resume = "run the same command again to resume"
     bar = tqdm(range(start, steps), desc=desc, disable=not progress, initial=start, total=steps)
-    for step in bar:
-        if lr is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = warmup_cosine_lr(step, steps, lr, warmup)
-        bar.set_postfix({k: f"{v:.4g}" for k, v in step_fn(step).items()})
-        if time.time() - last_save > checkpoint_seconds:
-            save_checkpoint(folder, modules, optimizer, step + 1)
-            last_save = time.time()
+    with stop_between_steps() as asked:
+        try:
+            for step in bar:
+                if lr is not None:
+                    for group in optimizer.param_groups:
+                        group["lr"] = warmup_cosine_lr(step, steps, lr, warmup)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in step_fn(step).items()})
+                if asked or time.time() - last_save > wait:
+                    save_checkpoint(folder, modules, optimizer, step + 1)
+                    saved, last_save, wait = step + 1, time.time(), checkpoint_seconds
+                if asked:
+                    raise KeyboardInterrupt(f"{desc}: saved at step {saved} of {steps} in {folder}; {resume}")
+        except KeyboardInterrupt as err:
+            bar.close()
+            if err.args:
+                raise
+            kept = f"the last checkpoint, step {saved} of {steps}, is in {folder}" if saved else "nothing saved yet"
+            raise KeyboardInterrupt(f"{desc}: stopped at once; {kept}; {resume}") from None
     save_checkpoint(folder, modules, optimizer, steps)
 
 

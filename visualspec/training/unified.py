@@ -119,7 +119,8 @@ def train_unified_shapes(out: str, work_dir: str, cfg: UnifiedShapesConfig | Non
     work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()
-    vq = LlamaGenVQModel.from_pretrained(SHAPES_T2I / "vq_model").to(device).eval().requires_grad_(False)
+    vq = LlamaGenVQModel.from_pretrained(SHAPES_T2I / "vq_model", use_safetensors=True)
+    vq = vq.to(device).eval().requires_grad_(False)
     grid = shapes.CANVAS // vq.downsample_factor
     cell = 32 // vq.downsample_factor  # codes per side of Lumina's 32-pixel cell
     tokenizer, vocab = build_vocabulary(vq.config.codebook_size, grid // cell)

@@ -1,7 +1,7 @@
 """The commands of ``visualspec``, one module each (its parser beside its handler): each module's
 ``register(subparsers, common)`` adds its commands."""
 
-from . import batch, bench, convert, evaluate, generate, prompts, text, train, video
+from . import app, batch, bench, convert, evaluate, generate, prompts, text, train, video
 
 # the order of ``visualspec --help``
-COMMANDS = (generate, bench, batch, evaluate, prompts, train, video, text, convert)
+COMMANDS = (generate, bench, batch, evaluate, prompts, train, video, text, convert, app)

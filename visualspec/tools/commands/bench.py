@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..loading import device_name, load_pipeline
-from .options import add_image_options, call_options, count_arg, flag
+from .options import add_device_option, add_image_options, call_options, count_arg, flag
 
 
 def register(sub, common) -> None:
@@ -25,7 +25,7 @@ def register(sub, common) -> None:
                    help="shapes world: benchmark on GenEval-shapes prompts and score GenEval-shapes and FID-shapes")
     b.add_argument("--per-task", type=count_arg, default=20, help="with --quality: prompts per GenEval task")
     b.add_argument("--keep-images", metavar="DIR", help="keep the generated images here (one folder per mode)")
-    b.add_argument("--device", default=None, help="default: cuda when CUDA is available, else cpu")
+    add_device_option(b)
     add_image_options(b, decoding=False)
     b.set_defaults(func=run)
 
@@ -41,6 +41,7 @@ def run(args) -> int:
     given = None if args.modes is None else [m.strip() for m in args.modes.split(",") if m.strip()]
     if given == []:
         raise ValueError(f"--modes names no mode ({args.modes!r}); give comma-separated modes, e.g. ar,sjd")
+    device = device_name(args.device)
     pipe = load_pipeline(args.model, args.draft_model)
     cls = type(pipe)
     modes = {m: cls.bench_mode(m) for m in (given or cls.default_bench_modes)}
@@ -49,7 +50,7 @@ def run(args) -> int:
     if by_mode:
         raise ValueError(f"bench sets {', '.join(map(flag, by_mode))} in its modes ({', '.join(modes)}); "
                          f"choose modes with --modes instead")
-    pipe.to(device_name(args.device))
+    pipe.to(device)
     prompts, scorer = args.prompt or None, None
     if args.quality:
         from ...eval.shapes_quality import score_shapes_folder

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..loading import load_pipeline
-from .options import add_image_options, atomic_save, call_options, check_image_path, condition, count_arg
+from ..loading import device_name, load_pipeline
+from .options import add_device_option, add_image_options, atomic_save, call_options, check_image_path, condition, count_arg
 
 
 def register(sub, common) -> None:
@@ -17,6 +17,7 @@ def register(sub, common) -> None:
     g.add_argument("--num-images", type=count_arg, default=1)
     g.add_argument("--stats", action="store_true", help="print the decode statistics")
     g.add_argument("--acceptance-map", metavar="FILE", help="write the per-token acceptance iteration as a picture")
+    add_device_option(g)
     add_image_options(g)
     g.set_defaults(func=run)
 
@@ -28,8 +29,10 @@ def run(args) -> int:
     if args.decoding == "speculative" and not args.draft_model:
         raise ValueError("--decoding speculative needs --draft-model FOLDER (a smaller model of the same "
                          "vocabulary), or use --decoding sjd")
+    device = device_name(args.device)  # a wrong device is named before the model loads
     pipe = load_pipeline(args.model, args.draft_model)
     kwargs = call_options(pipe, args)
+    pipe.to(device)
     if args.acceptance_map:
         pipe.raster_grid()  # refused before any work where the pipeline has no acceptance map
     out = pipe(condition(args), seed=args.seed, num_images_per_prompt=args.num_images, **kwargs)

@@ -88,6 +88,12 @@ IMAGE_OPTIONS = (
 DECODING = "decoding"
 
 
+def add_device_option(p) -> None:
+    """``--device``, as every command that runs a model offers it (read by :func:`~visualspec.tools.loading.device_name`)."""
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda:$LOCAL_RANK when CUDA is "
+                                                  "available, else cpu)")
+
+
 def add_image_options(p, decoding: bool = True) -> None:
     """The options every image command shares: model, draft model, seed, and the call options."""
     p.add_argument("--model", help="pipeline folder or shipped model name (default: the shipped model)")

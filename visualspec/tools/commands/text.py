@@ -34,7 +34,7 @@ def run(args) -> int:
         check_output_file(args.json, "--json")
     result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
                                 draft_window=args.draft_window, stop_below=args.draft_stop_below,
-                                compile=args.compile)
+                                compile=args.compile, progress=True)
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)
     text = json.dumps(result, indent=1)

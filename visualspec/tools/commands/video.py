@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..loading import world_model
-from .options import count_arg
+from ..loading import device_name, world_model
+from .options import add_device_option, count_arg
 
 
 def register(sub, common) -> None:
@@ -22,6 +22,7 @@ def register(sub, common) -> None:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--stats", action="store_true", help="print the statistics instead of the file name")
     v.add_argument("-o", "--output", default="play.mp4")
+    add_device_option(v)
     v.set_defaults(func=run_video)
 
     bv = sub.add_parser("bench-video", parents=[common],
@@ -38,6 +39,7 @@ def register(sub, common) -> None:
                     help="instead: this many worlds stepped together in batched forwards against one after "
                          "another, at speculate 1 and 4")
     bv.add_argument("--json", help="write the results here")
+    add_device_option(bv)
     bv.set_defaults(func=run_bench_video)
 
 
@@ -49,7 +51,9 @@ def run_video(args) -> int:
     if Path(args.output).suffix.lower() not in (".mp4", ".gif"):
         raise ValueError(f"-o {args.output!r}: export to .mp4 or .gif")
     actions = action_script(args.actions, args.frames) if args.actions else None
-    pipe = world_model(args.model)
+    device = device_name(args.device)
+    pipe = world_model(args.model).to(device)
+    pipe.set_progress_bar_config(disable=False, desc="video frames")
     out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
                speculate=args.speculate, use_teacher=args.teacher)
     export_video(out.frames, args.output)
@@ -94,25 +98,36 @@ def run_bench_video(args) -> int:
 
     if args.json:
         check_output_file(args.json, "--json")
-    pipe = world_model(args.model)
+    device = device_name(args.device)
+    pipe = world_model(args.model).to(device)
     if args.players:
         from ..bench import run_players_benchmark
 
-        result = run_players_benchmark(pipe, args.players, frames=args.frames, rounds=args.rounds, seed=args.seed)
+        result = run_players_benchmark(pipe, args.players, frames=args.frames, rounds=args.rounds, seed=args.seed,
+                                       progress=True)
         if args.json:
             write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
         print(result["table"])
         return 0
-    result = run_video_benchmark(pipe, frames=args.frames, rounds=args.rounds, seed=args.seed)
+    result = run_video_benchmark(pipe, frames=args.frames, rounds=args.rounds, seed=args.seed, progress=True)
     if args.quality:
+        from tqdm.auto import tqdm
+
         from ...eval.video import one_step_psnr, rollout_player_error
 
-        result["quality"] = {
-            "one_step": [one_step_psnr(pipe, episodes=args.episodes), one_step_psnr(pipe, args.episodes, use_teacher=True)],
-            "rollout_60": [rollout_player_error(pipe, episodes=args.episodes),
-                           *(rollout_player_error(pipe, episodes=args.episodes, speculate=k) for k in args.speculate),
-                           rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)],
-        }
+        jobs = {"one_step": [lambda: one_step_psnr(pipe, episodes=args.episodes),
+                             lambda: one_step_psnr(pipe, args.episodes, use_teacher=True)],
+                "rollout_60": [lambda: rollout_player_error(pipe, episodes=args.episodes),
+                               *(lambda k=k: rollout_player_error(pipe, episodes=args.episodes, speculate=k)
+                                 for k in args.speculate),
+                               lambda: rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)]}
+        bar = tqdm(total=sum(map(len, jobs.values())), desc="bench-video --quality (PSNR, then rollouts)")
+        result["quality"] = {name: [] for name in jobs}
+        for name, todo in jobs.items():
+            for job in todo:
+                result["quality"][name].append(job())
+                bar.update()
+        bar.close()
     if args.json:
         write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
     print(result["table"])

@@ -1,0 +1,33 @@
+"""``visualspec app``: the demo app (``visualspec/tools/app.py``) served on a local port."""
+
+from __future__ import annotations
+
+from .options import count_arg
+
+
+def register(sub, common) -> None:
+    # not ``parents=[common]``: the app's --threads means threads per frame generation, default 1
+    a = sub.add_parser("app", help="serve the demo app: images with speculative decoding and a playable world "
+                                   "(http://127.0.0.1:7860)")
+    add_options(a)
+    a.set_defaults(func=run)
+
+
+def add_options(p) -> None:
+    """The app's options, shared with ``python app.py``."""
+    p.add_argument("--model", help="image pipeline folder (default: the shipped shapes model)")
+    p.add_argument("--world", help="video pipeline folder (default: assets/arena-nfd)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1, local only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--speculate", type=count_arg, default=4, help="frames generated ahead while a key is held")
+    p.add_argument("--threads", type=count_arg, default=1,
+                   help="torch threads per frame generation (default 1: each player's world gets a core, "
+                        "and the rest stay free for more players and for the browser)")
+
+
+def run(args) -> int:
+    """Build the app the options ask for and serve it until interrupted."""
+    from ..app import app_from_options, serve_forever
+
+    serve_forever(app_from_options(args), args.host, args.port)
+    return 0
