@@ -12,6 +12,7 @@
     visualspec bench-video --quality
     visualspec train-arena --out assets/arena-nfd
     visualspec train-text --out assets/text-pair
+    visualspec app --port 7860                                     (the Gradio app on 127.0.0.1)
     visualspec convert-llamagen --gpt c2i_L_256.pt --gpt-model GPT-L --vq vq_ds16_c2i.pt --out llamagen-L
     visualspec convert-mar --checkpoint checkpoint-last.pth --vae kl16.ckpt --name mar_base --out mar-base
     visualspec convert-lumina Lumina-mGPT-7B-768 --vqgan vqgan.ckpt --vqgan-config vqgan.yaml --out lumina-768
