@@ -80,7 +80,9 @@ class ArenaTrainingConfig:
     self_forcing_lr: float = 5e-5
     self_forcing_frames: int = 40  # the longest own rollout before the block it learns
     self_forcing_targets: str = "simulator"  # or "recorded" (see ``self_forcing``)
-    self_forcing_recover: bool = False  # simulator targets put back a ball the model lost (``simulated_targets``)
+    # simulator targets put back a ball the model lost (``simulated_targets``); measured, not shipped:
+    # docs/experiments/2026-11-27-arena-lost-ball-targets.md
+    self_forcing_recover: bool = False
     opening_frames: int = 2  # the simulator's frames a rollout starts from, as in the pipeline
     # flow-matching loss weights (see ``loss_weights``); 1 and 0 give the plain mean squared error
     context_weight: float = 0.0
