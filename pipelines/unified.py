@@ -23,7 +23,7 @@ from ..core.sampling import SamplingConfig, make_generator
 from ..models.llamagen_vq import nearest_codes
 from ..models.unified_ar import GUIDANCE_SCHEDULES, lumina2_guidance, unified_family
 from .base import register_pipeline
-from .image import TOKEN_BENCH_MODES, TokenImagePipeline, window_lengths, window_policy
+from .image import TOKEN_BENCH_MODES, TokenImagePipeline, caption_text, window_lengths, window_policy
 
 
 @register_pipeline
@@ -166,21 +166,32 @@ class UnifiedARPipeline(TokenImagePipeline):
         return ids, mask
 
     def _prompt_rows(self, prompts: list[str], layout, what: str) -> list[list[int]]:
-        """Each prompt through the template, then the separator and the image opening, as token ids."""
+        """Each prompt through the template, then the separator and the image opening, as token ids.
+        A final full stop the tokenizer cannot read (a word-level vocabulary, as the shapes world's)
+        is dropped, as a caption may end with one (:func:`caption_text`); a tokenizer that reads it
+        keeps it."""
         vocab = getattr(self.transformer.config, "vocabulary_map", None) or self.tokenizer.get_vocab()
         patch = self.family.pixels_per_code()
-        texts = [self.config.prompt_template.format(prompt=p, width=layout.width * patch, height=layout.height * patch)
-                 for p in prompts]
         separator = []
         if self.config.separator:
             if self.config.separator not in vocab:
                 raise ValueError(f"the separator {self.config.separator!r} is not in this model's vocabulary")
             separator = [int(vocab[self.config.separator])]
-        rows = [self.tokenizer(t).input_ids + separator + list(layout.opening) for t in texts]
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        for prompt, ids in zip(prompts, rows):
-            if unk is not None and unk in ids:
+
+        def ids(prompt: str) -> list[int]:
+            text = self.config.prompt_template.format(prompt=prompt, width=layout.width * patch,
+                                                      height=layout.height * patch)
+            return self.tokenizer(text).input_ids
+
+        rows = []
+        for prompt in prompts:
+            row = ids(prompt)
+            if unk is not None and unk in row and caption_text(prompt) != prompt:
+                row = ids(caption_text(prompt))
+            if unk is not None and unk in row:
                 raise ValueError(f"{what} {prompt!r} has words this model's tokenizer does not know")
+            rows.append(row + separator + list(layout.opening))
         return rows
 
     @torch.no_grad()

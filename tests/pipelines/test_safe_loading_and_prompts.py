@@ -58,3 +58,15 @@ def test_capitals_and_a_final_full_stop_read_as_the_caption(pipe):
     for bad in ("a photo of a red circle..", "a photo of a red circle!"):  # one full stop, nothing else
         with pytest.raises(ValueError, match="does not know"):
             pipe.check_prompt(bad)
+
+
+def test_the_lumina_layout_shapes_model_reads_a_final_full_stop_too():
+    from visualspec.assets import SHAPES_LUMINA
+
+    lumina = VisualSpecPipeline.from_pretrained(SHAPES_LUMINA)
+    lumina.check_prompt("A photo of a RED circle.")
+    plain = lumina.encode_prompts(["a photo of a red circle"], guided=False)
+    assert all(torch.equal(a, b) for a, b in zip(lumina.encode_prompts(["A photo of a RED circle."], guided=False),
+                                                 plain))
+    with pytest.raises(ValueError, match="does not know"):
+        lumina.check_prompt("a photo of a red circle!")
