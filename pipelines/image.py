@@ -422,31 +422,24 @@ class PromptConditioning:
         changing what is drawn)."""
         if self.text_encoder is None or self.tokenizer is None:
             raise ValueError("this text-conditional pipeline has no text_encoder/tokenizer to encode prompts")
-        ids = self.tokenizer(caption_text(prompt), add_special_tokens=True, verbose=False).input_ids
+        caption = caption_text(prompt)
+        ids = self.tokenizer(caption, add_special_tokens=True, verbose=False).input_ids
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is not None and unk in ids:
-            words = [w for w in caption_text(prompt).split()
-                     if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
+            words = [w for w in caption.split() if unk in self.tokenizer(w, add_special_tokens=False).input_ids]
             raise ValueError(f"prompt {_shortened(prompt)!r} has words the text encoder does not know: {words}")
         limit = self.transformer.config.cls_token_num
         if len(ids) > limit:
             raise ValueError(f"prompt {_shortened(prompt)!r} is {len(ids)} caption tokens; this model reads at most "
                              f"{limit} (its cls_token_num), so the rest would be lost: shorten it")
 
-    def _tokenize(self, prompts: list[str]):
-        """The caption tokens the text encoder reads: ``cls_token_num`` per prompt, padded (a longer
-        prompt is refused by :meth:`_check_caption` before it gets here)."""
-        if self.text_encoder is None or self.tokenizer is None:
-            raise ValueError("this text-conditional pipeline has no text_encoder/tokenizer to encode prompts")
-        T = self.transformer.config.cls_token_num
-        return self.tokenizer([caption_text(p) for p in prompts], padding="max_length", max_length=T,
-                              truncation=True, return_tensors="pt")
-
     def encode_prompt(self, prompts: list[str]):
-        """Prompts -> (caption features (B, T, C), mask (B, T)), left-padded like LlamaGen."""
+        """Prompts -> (caption features (B, T, C), mask (B, T)), left-padded like LlamaGen. Each
+        prompt is checked whole first (:meth:`_check_caption`), so padding never cuts one."""
         for prompt in dict.fromkeys(prompts):  # each distinct prompt once (a call repeats it per image)
             self._check_caption(prompt)
-        enc = self._tokenize(prompts)
+        enc = self.tokenizer([caption_text(p) for p in prompts], padding="max_length",
+                             max_length=self.transformer.config.cls_token_num, return_tensors="pt")
         ids, mask = enc.input_ids.to(self.device), enc.attention_mask.to(self.device)
         feats = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         if feats.shape[-1] != self.transformer.config.caption_dim:

@@ -60,21 +60,23 @@ def test_the_page_loads_and_generates_an_image(page, url):
     assert '"target_forwards"' in page.inner_text("#stats")
 
 
-def test_an_unknown_word_shows_the_pipelines_message_in_the_page(page, url):
+def message_for(page, url, prompt: str, text: str):
+    """Generate from ``prompt`` in a fresh page; the message ``text`` once the page shows it."""
     page.goto(url)
-    page.fill("#prompt textarea", "a photo of a zebra")
+    page.fill("#prompt textarea", prompt)
     page.click("#generate")
-    message = page.get_by_text("has words the text encoder does not know: ['zebra']")
+    message = page.get_by_text(text)
     message.wait_for(state="visible", timeout=60_000)
+    return message
+
+
+def test_an_unknown_word_shows_the_pipelines_message_in_the_page(page, url):
+    message = message_for(page, url, "a photo of a zebra", "has words the text encoder does not know: ['zebra']")
     assert message.is_visible()
 
 
 def test_an_empty_prompt_shows_the_pipelines_message_in_the_page_until_closed(page, url):
-    page.goto(url)
-    page.fill("#prompt textarea", "")
-    page.click("#generate")
-    message = page.get_by_text("the prompt is empty")
-    message.wait_for(state="visible", timeout=60_000)
+    message = message_for(page, url, "", "the prompt is empty")
     time.sleep(11)  # longer than Gradio shows a message by default (10 s)
     assert message.is_visible()
 

@@ -31,7 +31,7 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..assets import ARENA_NFD
-from .loading import load_pipeline
+from .loading import load_pipeline, world_model
 
 WORLD_DIR = ARENA_NFD
 
@@ -346,14 +346,10 @@ def build_app(pipe, world=None, fps: float = 30.0, speculate: int = 4):
 
 
 def load_world(folder):
-    from ..pipelines import NextFramePipeline
-
+    """The video pipeline in ``folder`` (default: the shipped world) as the commands load it
+    (:func:`~visualspec.tools.loading.world_model`), or None where there is no pipeline folder."""
     folder = Path(folder) if folder else WORLD_DIR
-    if not (folder / "model_index.json").is_file():
-        return None
-    world = NextFramePipeline.from_pretrained(folder)
-    world.set_progress_bar_config(disable=True)
-    return world
+    return world_model(str(folder)) if (folder / "model_index.json").is_file() else None
 
 
 def app_from_options(args):

@@ -115,18 +115,20 @@ def run_bench_video(args) -> int:
 
         from ...eval.video import one_step_psnr, rollout_player_error
 
-        jobs = {"one_step": [lambda: one_step_psnr(pipe, episodes=args.episodes),
-                             lambda: one_step_psnr(pipe, args.episodes, use_teacher=True)],
-                "rollout_60": [lambda: rollout_player_error(pipe, episodes=args.episodes),
-                               *(lambda k=k: rollout_player_error(pipe, episodes=args.episodes, speculate=k)
-                                 for k in args.speculate),
-                               lambda: rollout_player_error(pipe, episodes=args.episodes, use_teacher=True)]}
-        bar = tqdm(total=sum(map(len, jobs.values())), desc="bench-video --quality (PSNR, then rollouts)")
-        result["quality"] = {name: [] for name in jobs}
-        for name, todo in jobs.items():
-            for job in todo:
-                result["quality"][name].append(job())
-                bar.update()
+        bar = tqdm(total=4 + len(args.speculate), desc="bench-video --quality (PSNR, then rollouts)")
+
+        def counted(row):
+            bar.update()
+            return row
+
+        result["quality"] = {
+            "one_step": [counted(one_step_psnr(pipe, episodes=args.episodes)),
+                         counted(one_step_psnr(pipe, args.episodes, use_teacher=True))],
+            "rollout_60": [counted(rollout_player_error(pipe, episodes=args.episodes)),
+                           *(counted(rollout_player_error(pipe, episodes=args.episodes, speculate=k))
+                             for k in args.speculate),
+                           counted(rollout_player_error(pipe, episodes=args.episodes, use_teacher=True))],
+        }
         bar.close()
     if args.json:
         write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
