@@ -2,6 +2,7 @@
 
     python benchmarks/compiled_step.py                     # assets/shapes-t2i, batch 1 and 16, W = 1 and 8
     python benchmarks/compiled_step.py --batch-sizes 1 --windows 1 --threads 1
+    python benchmarks/compiled_step.py --device cuda --batch-sizes 1 16 --windows 1 8   # CUDA graphs
 
 For each batch size (guided: twice as many model rows) and window W, at the middle of the image,
 it times ``forward_window`` three ways, as medians of ``--repeats`` calls after a warm-up:
@@ -16,7 +17,9 @@ it times ``forward_window`` three ways, as medians of ``--repeats`` calls after 
 
 It prints milliseconds per forward, the compile time, the largest difference of the logits from
 eager's, and the compiled step's arithmetic rate (FLOPs counted by torch's FLOP counter) against
-the machine's float32 matmul rate measured on 2048 x 2048 products. The arithmetic of a step is reported beside them (``--profile``: the time in matmul
+the machine's float32 matmul rate measured on 2048 x 2048 products (on a GPU: 8192 x 8192, and
+every timed call is synchronised). The compiled step's mode is ``--mode`` (``auto``: CUDA graphs on
+a GPU). The arithmetic of a step is reported beside them (``--profile``: the time in matmul
 and attention kernels against the rest).
 """
 
@@ -34,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.timing import median_ms  # noqa: E402
 from visualspec import VisualSpecPipeline  # noqa: E402
 from visualspec.core.sampling import SamplingConfig  # noqa: E402
-from visualspec.core.window_costs import machine_name  # noqa: E402
-from visualspec.tools.loading import default_model, shipped_or_path  # noqa: E402
+from visualspec.core.window_costs import machine_name, synchronize  # noqa: E402
+from visualspec.tools.commands.options import add_device_option  # noqa: E402
+from visualspec.tools.loading import default_model, device_name, shipped_or_path  # noqa: E402
 
 
 def kernel_share(fn, calls: int = 30) -> float:
@@ -50,10 +54,19 @@ def kernel_share(fn, calls: int = 30) -> float:
     return kernels / total
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> float:
-    """The machine's float32 matmul rate (FLOP/s): the median of n x n by n x n products."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n ** 3 / (median_ms(lambda: a @ b, repeats, warmup=2) / 1e3)
+def matmul_peak_flops(device, n: int = 2048, repeats: int = 10) -> float:
+    """The device's float32 matmul rate (FLOP/s): the median of n x n by n x n products."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return 2 * n ** 3 / (median_ms(synchronized(lambda: a @ b, device), repeats, warmup=2) / 1e3)
+
+
+def synchronized(fn, device):
+    """``fn``, then a wait for the device's queued kernels (so that a timing counts them)."""
+    def call():
+        out = fn()
+        synchronize(device)
+        return out
+    return call
 
 
 def step_flops(fn) -> int:
@@ -72,17 +85,21 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--mode", default="auto", help="torch.compile's mode for the compiled step")
+    add_device_option(parser)
     parser.add_argument("--profile", action="store_true", help="also the share of matmul and attention kernels")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = shipped_or_path(args.model) if args.model else default_model()[0]
-    pipe = VisualSpecPipeline.from_pretrained(folder)
+    device = torch.device(device_name(args.device))
+    pipe = VisualSpecPipeline.from_pretrained(folder).to(device)
     model = pipe.transformer.eval()
     sampling = SamplingConfig(guidance_scale=pipe.config.default_guidance_scale)
-    peak = matmul_peak_flops()
-    print(f"{folder}: {machine_name('cpu')}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"float32 matmul peak {peak / 1e9:.0f} GFLOP/s (2048 x 2048 products)")
+    n = 8192 if device.type == "cuda" else 2048
+    peak = matmul_peak_flops(device, n)
+    print(f"{folder}: {machine_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"float32 matmul peak {peak / 1e9:.0f} GFLOP/s ({n} x {n} products)")
     print("| batch | W | eager ms | static ms | compiled ms | compile s | max abs diff | kernel share (eager) | "
           "GFLOP/s compiled | share of peak |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -91,25 +108,27 @@ def main(argv=None) -> int:
             prefix = pipe._prefix(model, pipe._conditions(["a photo of a red circle"] * batch, None, 1), sampling)
             for W in args.windows:
                 rows = prefix[0].shape[0] if isinstance(prefix, tuple) else prefix.shape[0]
-                tokens = torch.randint(0, model.config.vocab_size, (rows, W))
-                start = torch.full((rows,), model.config.block_size // 2)
+                tokens = torch.randint(0, model.config.vocab_size, (rows, W), device=device)
+                start = torch.full((rows,), model.config.block_size // 2, device=device)
+                step = synchronized(lambda: model.forward_window(tokens, start), device)
                 model.static_step = False
                 model.prefill(prefix, model.config.block_size)
                 eager = model.forward_window(tokens, start)
                 flops = step_flops(lambda: model.forward_window(tokens, start))
-                eager_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
+                eager_ms = median_ms(step, args.repeats)
                 share = kernel_share(lambda: model.forward_window(tokens, start)) if args.profile else float("nan")
                 model.static_step = True
                 model.prefill(prefix, model.config.block_size)
-                static_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
+                static_ms = median_ms(step, args.repeats)
                 model.static_step = False
-                model.compile_step(True)  # the shipped compiled step: static, half of the cache slots a bucket
+                model.compile_step(True, mode=args.mode)  # static, half of the cache slots a bucket
                 t0 = time.perf_counter()
                 model.precompile(prefix, model.config.block_size, [W])
+                synchronize(device)
                 compile_s = time.perf_counter() - t0
                 model.prefill(prefix, model.config.block_size)
                 out = model.forward_window(tokens, start)
-                compiled_ms = median_ms(lambda: model.forward_window(tokens, start), args.repeats)
+                compiled_ms = median_ms(step, args.repeats)
                 diff = (out - eager).abs().max().item()
                 model.compile_step(False)
                 rate = flops / (compiled_ms / 1e3)

@@ -1,6 +1,7 @@
 """AR and SJD at batch 1 on a full-size Lumina-mGPT-shaped model with random weights.
 
     python benchmarks/lumina_full_size.py --device cuda [--size 768] [--sjd-windows auto 16] [--json out.json]
+    python benchmarks/lumina_full_size.py --device cuda --size 256 --compile both --sjd-windows --windows 1 16
     python benchmarks/lumina_full_size.py --tiny            # the same path on a 2-layer model, any machine
 
 No Lumina-mGPT checkpoint can be downloaded here, so this times the real architecture and the real
@@ -20,6 +21,13 @@ is not a trained model's. The window-cost table with a trained model's tokens pe
 A whole image's cache is filled once, untimed, before the timed runs: the cache grows by
 concatenation, so the first decode to reach a length may pay the GPU allocator for it (the likely
 cause, not established, of AR's slow steps when it ran first without this on 2026-11-26).
+
+``--compile on`` (or ``both``: eager first, then compiled, in one run) runs the compiled static
+step (:meth:`~visualspec.models.hf.HFCausalLM.compile_step`; on a GPU its ``"auto"`` mode captures
+CUDA graphs), after compiling every window of ``--windows`` (the time is printed, not counted). Each
+step kind's one-token forward is set beside the bandwidth limit: the decoder's weight bytes over
+the device's measured copy bandwidth (a 1 GiB copy reads and writes 2 GiB), the least time a
+forward that reads every weight once can take.
 
 It prints the machine, the window-cost table (ms per forward of W tokens at the middle of the
 image, median of 5), then per mode (the median of ``--rounds`` rounds, the modes in turn): target
@@ -112,16 +120,38 @@ def run_mode(target, prefix, layout, sampling, window, seed: int, device):
                 ms_per_forward=1e3 * seconds / forwards, tokens=tokens)
 
 
+def copy_bandwidth(device, nbytes: int = 2 ** 30, repeats: int = 10) -> float:
+    """Bytes per second the device's memory moves: the median of ``repeats`` copies of ``nbytes``
+    (each reads and writes them)."""
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    del x, y
+    return 2 * nbytes / sorted(times[1:])[repeats // 2]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--size", type=int, default=768, help="image side in pixels (16 per code)")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="random text tokens in the prompt")
-    parser.add_argument("--sjd-windows", nargs="+", default=["auto", "16"],
+    parser.add_argument("--sjd-windows", nargs="*", default=["auto", "16"],
                         help="SJD runs: a fixed window W, or 'auto' (the pipeline's default policy)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the modes in turn this many times; each mode's median round is reported")
+    parser.add_argument("--compile", choices=("off", "on", "both"), default="off",
+                        help="the step: eager, compiled static (CUDA graphs on a GPU), or both in turn")
+    parser.add_argument("--compile-mode", default="auto", help="torch.compile's mode for the compiled step")
+    parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS),
+                        help="the windows of the cost table (and compiled before it)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per window in the cost table")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the same vocabulary")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--profile", action="store_true",
@@ -169,42 +199,61 @@ def main(argv=None):
         for sort in dict.fromkeys(("self_cpu_time_total", key)):
             print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
 
-    costs = measure_window_costs(target, prefix, layout.num_tokens, WINDOWS)
+    bandwidth = copy_bandwidth(device)
+    limit_ms = 1e3 * weight_bytes / bandwidth
+    print(f"\nweights {weight_bytes / 1e9:.1f} GB, copy bandwidth {bandwidth / 1e9:.0f} GB/s: "
+          f"a forward's bandwidth limit {limit_ms:.2f} ms")
     # a whole image's cache once, untimed (see the module's docstring)
     first = target.prefill(prefix, layout.num_tokens)
     target.forward_window(torch.zeros(first.shape[0], layout.num_tokens, dtype=torch.long, device=first.device), 0)
-    print("\n| W | ms / forward | x W=1 |\n| ---: | ---: | ---: |")
-    for w, c in costs.items():
-        print(f"| {w} | {1e3 * c:.2f} | {c / costs[1]:.2f} |")
 
-    rounds = {}
-    runs = [("AR", None)] + [(f"SJD W={w}", WindowPolicy({prefix_rows(prefix): costs}) if w == "auto" else int(w))
-                             for w in args.sjd_windows]
-    for _ in range(args.rounds):  # modes in turn, so a passing slowdown hits them alike
-        for name, window in runs:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            r = run_mode(target, prefix, layout, sampling, window, 1234, device)
-            r.pop("tokens")
-            if device.type == "cuda":
-                r["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-            r["weight_gb_per_s"] = weight_bytes / (r["ms_per_forward"] / 1e3) / 1e9
-            rounds.setdefault(name, []).append(r)
-            print(json.dumps({name: {k: round(v, 4) for k, v in r.items()}}), flush=True)
+    kinds = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    steps, rounds = {}, {}
+    for compiled in kinds:
+        kind = "compiled" if compiled else "eager"
+        target.compile_step(compiled, **({"mode": args.compile_mode} if compiled else {}))
+        compile_s = 0.0
+        if compiled:
+            t0 = time.perf_counter()
+            target.precompile(prefix, layout.num_tokens, args.windows)
+            synchronize(device)
+            compile_s = time.perf_counter() - t0
+        costs = measure_window_costs(target, prefix, layout.num_tokens, args.windows, repeats=args.repeats)
+        steps[kind] = dict(compile_s=compile_s, window_costs_ms={w: 1e3 * c for w, c in costs.items()})
+        print(f"\n{kind} step (compiling its windows took {compile_s:.0f} s)\n")
+        print("| W | ms / forward | x W=1 | x bandwidth limit |\n| ---: | ---: | ---: | ---: |")
+        for w, c in costs.items():
+            print(f"| {w} | {1e3 * c:.2f} | {c / costs[1]:.2f} | {1e3 * c / limit_ms:.2f} |", flush=True)
+        runs = [(f"AR, {kind}", None)] + [
+            (f"SJD W={w}, {kind}", WindowPolicy({prefix_rows(prefix): costs}) if w == "auto" else int(w))
+            for w in args.sjd_windows]
+        for _ in range(args.rounds):  # modes in turn, so a passing slowdown hits them alike
+            for name, window in runs:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                r = run_mode(target, prefix, layout, sampling, window, 1234, device)
+                r.pop("tokens")
+                if device.type == "cuda":
+                    r["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+                r["weight_gb_per_s"] = weight_bytes / (r["ms_per_forward"] / 1e3) / 1e9
+                rounds.setdefault(name, []).append(r)
+                print(json.dumps({name: {k: round(v, 4) for k, v in r.items()}}), flush=True)
     results = {name: sorted(rs, key=lambda r: r["seconds"])[(len(rs) - 1) // 2] for name, rs in rounds.items()}
 
-    ar = results["AR"]
+    ar = results[f"AR, {'compiled' if kinds[-1] else 'eager'}"]
     print(f"\n{layout.num_tokens} tokens per image ({side}x{side} codes and row ends), batch 1, "
-          f"{info['machine']}, {args.dtype}, median of {args.rounds} round(s)\n")
-    print("| mode | forwards | tokens / forward | s / image | ms / forward | weights GB/s | speed-up |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"{info['machine']}, {args.dtype}, median of {args.rounds} round(s); speed-up over the last AR; "
+          f"bandwidth limit {limit_ms:.2f} ms a forward\n")
+    print("| mode | forwards | tokens / forward | s / image | ms / forward | x bandwidth limit | weights GB/s | "
+          "speed-up |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in results.items():
         print(f"| {name} | {r['forwards']} | {r['tokens_per_forward']:.2f} | {r['seconds']:.1f} | "
-              f"{r['ms_per_forward']:.1f} | {r['weight_gb_per_s']:.0f} | {ar['seconds'] / r['seconds']:.2f} |")
+              f"{r['ms_per_forward']:.1f} | {r['ms_per_forward'] / limit_ms:.1f} | {r['weight_gb_per_s']:.0f} | "
+              f"{ar['seconds'] / r['seconds']:.2f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(info, window_costs_ms={w: 1e3 * c for w, c in costs.items()},
-                                                   results=results), indent=1))
-
+        Path(args.json).write_text(json.dumps(dict(info, copy_bandwidth_gb_s=bandwidth / 1e9, limit_ms=limit_ms,
+                                                   steps=steps, results=results), indent=1))
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler
+from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, compile_mode, fixed_address
 
 # the per-row state beside the cache (what select, branch and refill carry along)
 _ROW_STATE = ("prefix_mask", "first_position", "column_position", "column_valid")
@@ -146,11 +146,28 @@ class HFCausalLM:
             mask = self.prefix_mask
         else:
             length = static_length(self.prefix_len + max_new_tokens + STATIC_SLACK)
-            self.cache = StaticCache(config=self.model.config, max_cache_len=length)
+            self.cache = self._reused_static_cache(length, input_ids.shape[0]) or StaticCache(
+                config=self.model.config, max_cache_len=length)
             mask = self._static_mask(self.column_valid, 0, self.prefix_len)
         logits = self._logits(last_only=True, input_ids=input_ids, attention_mask=mask,
                               position_ids=positions, past_key_values=self.cache, use_cache=True)
         return logits[:, -1].float()
+
+    def _reused_static_cache(self, length: int, rows: int):
+        """The last prefill's static cache, emptied, when its buffers have ``rows`` rows and ``length``
+        columns on the model's device and dtype (else None). Reusing it keeps the buffers' addresses,
+        which a CUDA graph of the step has baked in: new ones would make torch record it again."""
+        from transformers import StaticCache
+
+        layers = getattr(self.cache, "layers", None)
+        if not isinstance(self.cache, StaticCache) or not all(
+                getattr(layer, "is_initialized", False) and layer.max_cache_len == length
+                and layer.keys.shape[0] == rows and layer.keys.shape[2] == length
+                and layer.keys.device == self.model.device and layer.keys.dtype == self._dtype
+                for layer in layers):
+            return None
+        self.cache.reset()
+        return self.cache
 
     def _append(self, positions: torch.Tensor) -> None:
         """Record the columns of tokens just fed at generated positions ``positions`` (B, L)."""
@@ -325,16 +342,18 @@ class HFCausalLM:
         """The model's float dtype (its LM head's): the masks' and the compiled graphs'."""
         return self.model.get_output_embeddings().weight.dtype
 
-    def compile_step(self, enabled: bool = True, mode: str | None = None) -> None:
+    def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
         """Run window forwards of up to :data:`COMPILED_WINDOWS` tokens through ``torch.compile``
         (``enabled=False``: eagerly again, on the cache the adapter was made with); ``mode`` is
-        ``torch.compile``'s. Compiling needs the static cache, so this sets ``static`` too (from
+        ``torch.compile``'s (``"auto"``: CUDA graphs on a GPU,
+        :func:`~visualspec.core.compiled.compile_mode`). Compiling needs the static cache, so this sets ``static`` too (from
         the next :meth:`prefill`). A window runs in its :func:`window_bucket`, so a decode needs
         one graph per power of two up to its longest window (and per batch size and cache
         length), each compiled once (:meth:`precompile` compiles them before a decode, with one
         progress line each). Prefills, trees and refills stay eager, and so do the rows left once
         some have finished (:meth:`select`), unless their bucket was compiled before: nothing
         compiles mid-decode."""
+        mode = compile_mode(mode, self.model.device)
         if enabled:
             self.static = True
             compiler = _COMPILERS.get(self.model)
@@ -429,7 +448,7 @@ class HFCausalLM:
                     value = getattr(layer, name)
                     grown = value.new_zeros(*value.shape[:2], length, value.shape[3])
                     grown[:, :, :value.shape[2]] = value
-                    setattr(layer, name, grown)
+                    setattr(layer, name, fixed_address(grown))
             layer.max_cache_len = length
 
     def _set_static_columns(self, n: int) -> None:
@@ -440,7 +459,8 @@ class HFCausalLM:
     def _map_cache(self, fn) -> None:
         """Replace every layer's keys and values by ``fn`` of them."""
         for layer in self.cache.layers:
-            layer.keys, layer.values = fn(layer.keys), fn(layer.values)
+            layer.keys, layer.values = fixed_address(fn(layer.keys)), fixed_address(fn(layer.values))
+
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, bucket_slots
+from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, bucket_slots, compile_mode, fixed_address
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
 from .rotary import apply_rope
@@ -393,7 +393,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         B, T = x.shape[:2]
         S = T + max_new_tokens
         shape = (B, self.layers[0].attention.n_kv_head, S, self.config.dim // self.config.n_head)
-        self._cache = tuple([torch.zeros(shape, dtype=x.dtype, device=x.device) for _ in self.layers] for _ in "kv")
+        self._cache = _static_cache(self._cache, shape, len(self.layers), x.dtype, x.device)
         self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
         self._rows, self._max_new = B, max_new_tokens
         if cond_mask is not None:
@@ -433,9 +433,10 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ the compiled step (#48)
 
-    def compile_step(self, enabled: bool = True, mode: str | None = None) -> None:
+    def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
         """Run :meth:`forward_window` through ``torch.compile`` (``enabled=False``: the eager step
-        again); ``mode`` is ``torch.compile``'s.
+        again); ``mode`` is ``torch.compile``'s (``"auto"``: CUDA graphs on a GPU,
+        :func:`~visualspec.core.compiled.compile_mode`).
 
         The compiled step is static. It runs every cache row: rows that finished write only into
         their own unused rows, and once half of them have finished, the eager step runs the rest,
@@ -444,6 +445,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         slots (:func:`~visualspec.core.compiled.bucket_slots`). So a decode needs two graphs per
         window length, compiled once each (:meth:`precompile`, announced) and never mid-step.
         Trees, prefills and refills stay eager."""
+        mode = compile_mode(mode, self.tok_embeddings.weight.device)
         if enabled and (self._compiler is None or self._compiler.mode != mode):
             self._compiler = StepCompiler(self._window, f"the {type(self).__name__} decode step",
                                           describe=_describe_bucket, mode=mode)
@@ -507,7 +509,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         if self._cache[0][0].shape[2] < base + N:
             for buffers in self._cache:
                 for i, buffer in enumerate(buffers):
-                    buffers[i] = torch.nn.functional.pad(buffer, (0, 0, 0, base + N - buffer.shape[2]))
+                    buffers[i] = fixed_address(torch.nn.functional.pad(buffer, (0, 0, 0, base + N - buffer.shape[2])))
         start = torch.as_tensor(start, device=device).expand(B)
         cls = self.config.cls_token_num
         pos = (start[:, None] + depths.to(device)[None]).clamp(max=self._max_new - 1)
@@ -560,6 +562,21 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         """The output head on the final hidden states, in float32 at least (float64 stays)."""
         out = self.output(self.norm(x))
         return out if out.dtype == torch.float64 else out.float()
+
+
+def _static_cache(cache, shape, layers: int, dtype, device):
+    """Zeroed key and value buffers of ``shape`` for ``layers`` layers: ``cache``'s own, emptied, when
+    they have that shape, dtype and device, else new ones. Reusing them keeps their addresses, which
+    a CUDA graph of the step has baked in (new buffers would make torch record the graph again);
+    on a GPU they are marked so (``torch._dynamo.mark_static_address``)."""
+    if (cache is not None and len(cache[0]) == layers
+            and all(b.shape == shape and b.dtype == dtype and b.device == device for b in (*cache[0], *cache[1]))):
+        for buffer in (*cache[0], *cache[1]):
+            buffer.zero_()
+        return cache
+    return tuple([fixed_address(torch.zeros(shape, dtype=dtype, device=device)) for _ in range(layers)]
+                 for _ in "kv")
+
 
 
 def _bucket(rows, window, attended, total, cache_slots, dtype, device) -> tuple:

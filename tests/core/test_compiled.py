@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_llamagen
-from visualspec.core.compiled import StepCompiler, bucket_slots, check_compile, compile_pays
+from visualspec.core.compiled import StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
 from visualspec.core.engine import decode
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import JacobiDrafter
@@ -40,6 +40,24 @@ def test_compile_takes_true_false_or_auto(bad):
         check_compile(bad)
     for good in (True, False, "auto"):
         check_compile(good)
+
+
+def test_the_automatic_mode_captures_cuda_graphs_on_a_gpu_only():
+    assert compile_mode("auto", torch.device("cuda:1")) == "reduce-overhead"
+    assert compile_mode("auto", "cpu") is None
+    assert compile_mode("max-autotune", "cpu") == "max-autotune" and compile_mode(None, "cuda") is None
+
+
+def test_under_cuda_graphs_each_call_hands_back_its_own_copy():
+    """What a CUDA graph returns lives in its memory pool, and the next replay overwrites it: the
+    compiler marks a new step and copies the output out (on a CPU torch skips the graph, so this
+    checks the path and its values, not the pool)."""
+    compiler = StepCompiler(lambda x: x * 3, "the toy step", mode="reduce-overhead")
+    first = compiler("four", torch.ones(4))
+    with mock.patch.object(torch.compiler, "cudagraph_mark_step_begin") as begin:
+        second = compiler("four", torch.full((4,), 2.0))
+    begin.assert_called_once()
+    assert first.tolist() == [3.0] * 4 and second.tolist() == [6.0] * 4
 
 
 def test_each_bucket_compiles_once_and_is_announced(capsys):
@@ -159,3 +177,21 @@ def test_the_eager_step_comes_back_when_compiling_is_switched_off(compiled_pair)
         assert set(compiled._compiler.compile_s) == graphs and not compiled.compiled_step
     finally:
         compiled.compile_step(True)
+
+
+@torch.no_grad()
+def test_a_second_prefill_empties_and_reuses_the_cache_buffers(compiled_pair):
+    """A CUDA graph bakes the cache's addresses in: a prefill of the same shape reuses the buffers
+    (emptied: the logits are a fresh model's), one of another shape makes new ones."""
+    eager, _ = compiled_pair
+    prefix = _prefix(eager)
+    tokens = torch.randint(0, 32, (3, 6), generator=torch.Generator().manual_seed(2))
+    eager.prefill(prefix, 16)
+    first = eager.forward_window(tokens, 0)
+    buffers = [b.data_ptr() for b in (*eager._cache[0], *eager._cache[1])]
+    eager.prefill(prefix, 16)
+    assert [b.data_ptr() for b in (*eager._cache[0], *eager._cache[1])] == buffers
+    assert all(int((b[:, :, 5:] != 0).sum()) == 0 for b in eager._cache[0])  # only the caption's slots written
+    torch.testing.assert_close(eager.forward_window(tokens, 0), first)
+    eager.prefill(tuple(x[:2] for x in prefix), 16)
+    assert eager._cache[0][0].shape[0] == 2 and eager._cache[0][0].data_ptr() not in buffers

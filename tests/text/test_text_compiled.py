@@ -53,6 +53,24 @@ def test_the_static_cache_grows_when_a_window_does_not_fit():
     assert lm.cache.layers[0].keys.shape[2] == 384 == static_length(4 + 200 + 64)
 
 
+def test_a_second_static_prefill_empties_and_reuses_the_cache():
+    """The buffers' addresses stay from one prefill to the next of the same shape (a CUDA graph of
+    the step has them baked in); the logits are a fresh cache's; another shape gets a new cache."""
+    model = tiny_hf("llama")
+    lm, fresh = HFCausalLM(model, static=True), HFCausalLM(model, static=True)
+    ids = torch.randint(2, 64, (2, 5), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(2, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    lm.prefill(ids, 16)
+    lm.forward_window(tokens, 0)
+    cache, keys = lm.cache, lm.cache.layers[0].keys.data_ptr()
+    lm.prefill(ids, 16)
+    assert lm.cache is cache and lm.cache.layers[0].keys.data_ptr() == keys
+    fresh.prefill(ids, 16)
+    torch.testing.assert_close(lm.forward_window(tokens, 0), fresh.forward_window(tokens, 0), rtol=0, atol=0)
+    lm.prefill(ids[:1], 16)
+    assert lm.cache is not cache
+
+
 @pytest.fixture(scope="module")
 def compiled_pair():
     return tiny_hf("llama"), tiny_hf("llama", seed=1)

@@ -94,6 +94,25 @@ def compiled_step(model, compile, prefix_of: Callable[[int], Any], num_tokens: i
     return bool(compile)
 
 
+def compile_mode(mode: str | None, device: torch.device) -> str | None:
+    """``torch.compile``'s mode for a step on ``device``. ``"auto"``: ``"reduce-overhead"`` on a CUDA
+    device (the step is captured in a CUDA graph and replayed with one launch, as gpt-fast does: a
+    decode step of small matrices is bound by launching its kernels), the default (``None``)
+    elsewhere, where there is no graph to capture. Any other value is passed on as given."""
+    if mode == "auto":
+        return "reduce-overhead" if torch.device(device).type == "cuda" else None
+    return mode
+
+
+def fixed_address(buffer: torch.Tensor) -> torch.Tensor:
+    """``buffer``, marked on a GPU as one whose address stays (``torch._dynamo.mark_static_address``,
+    as transformers marks its static cache's buffers), so that a CUDA graph of the step may write it
+    in place instead of torch skipping the graph."""
+    if buffer.device.type == "cuda":
+        torch._dynamo.mark_static_address(buffer)
+    return buffer
+
+
 def inductor_cache_dir() -> str:
     """Where torch keeps compiled code across processes (``$TORCHINDUCTOR_CACHE_DIR`` or its
     default under the temporary folder)."""
@@ -106,7 +125,9 @@ class StepCompiler:
     """One compiled function, called with a bucket key that names the shapes of its arguments.
 
     ``name`` describes the step in messages; ``describe(key)`` its bucket; ``mode`` is
-    ``torch.compile``'s. ``compile_s`` holds
+    ``torch.compile``'s. Under ``"reduce-overhead"`` (CUDA graphs) each call starts a new graph step
+    and its output is copied out of the graph's memory, which the next replay overwrites.
+    ``compile_s`` holds
     each compiled bucket's first-call seconds (the compile), ``eager`` the buckets that ran eagerly
     past ``max_graphs``.
     """
@@ -118,11 +139,17 @@ class StepCompiler:
         self.compile_s: dict[Hashable, float] = {}
         self.eager: set[Hashable] = set()
 
+    def _run(self, *args):
+        if self.mode != "reduce-overhead":
+            return self.compiled(*args)
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(*args).clone()
+
     def __call__(self, key: Hashable, *args):
         if key in self.compile_s:
             try:
                 with torch.compiler.set_stance("fail_on_recompile"):
-                    return self.compiled(*args)
+                    return self._run(*args)
             except RuntimeError as e:
                 if "recompil" not in str(e).lower():
                     raise
@@ -141,7 +168,7 @@ class StepCompiler:
         try:
             with torch._dynamo.config.patch(recompile_limit=self.max_graphs + 8,
                                             accumulated_recompile_limit=max(256, 2 * self.max_graphs)):
-                out = self.compiled(*args)
+                out = self._run(*args)
         except Exception as e:  # inductor raises many kinds: no C++ compiler, an unsupported device, ...
             raise RuntimeError(f"{self.name}: torch could not compile the step on this machine "
                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
