@@ -92,6 +92,7 @@ class HFCausalLM:
         self._compiler = None
         self._compiled = False
         self._prefill_rows = 0
+        self._last_window = 0  # tokens in the last forward_window (a one-token step has nothing to crop)
         if raw_head and model.base_model is model:
             raise ValueError(f"{type(model).__name__} has no separate base model to read raw logits from")
         if head_rows is not None:
@@ -178,6 +179,7 @@ class HFCausalLM:
         """Tokens (B, L), row b at generated positions start[b].. (an int or (B,) tensor). The
         window attends to each row's valid columns and causally to itself."""
         B, L = tokens.shape
+        self._last_window = L
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         positions = start[:, None] + torch.arange(L, device=tokens.device)
         if self.static:
@@ -196,6 +198,10 @@ class HFCausalLM:
         """Keep each row's generated positions < lengths[b]; drop trailing columns no row uses."""
         lengths = torch.as_tensor(lengths, device=self.column_position.device).expand(self.column_valid.shape[0])
         self.column_valid &= self.column_position < lengths[:, None]
+        if self.static and self._last_window == 1:
+            # after one-token steps (AR keeps every column) the dropped columns stay, masked, until the
+            # cache fills and packs: finding which trailing ones to give back would read the device
+            return
         used = self.column_valid.any(0).nonzero()
         keep = max(self.prefix_len, int(used.max()) + 1 if len(used) else 0)
         remove = self.column_valid.shape[1] - keep

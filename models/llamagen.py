@@ -483,7 +483,11 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         the cache."""
         B, L = tokens.shape[:2]
         rows, total = self._key_valid.shape
-        attended = bucket_slots(self.config.cls_token_num + int(pos.max()) + 1, total)  # free on a CPU
+        # the slots up to the furthest position, in a bucket: read on a CPU, where the read is free and
+        # attention over unused slots is not; a GPU attends them all, which costs it nothing measurable
+        # (docs/experiments/2026-11-26-gpu-h200.md), rather than wait for the device every step
+        attended = (bucket_slots(self.config.cls_token_num + int(pos.max()) + 1, total) if pos.device.type == "cpu"
+                    else total)
         if rows > B:
             tokens = torch.cat([tokens, tokens.new_zeros(rows - B, *tokens.shape[1:])])
             pos = torch.cat([pos, pos.new_zeros(rows - B, L)])

@@ -77,12 +77,9 @@ class TokenConstraints:
         forced = self.at(positions)
         free = (self.allowed.to(positions.device) if self.allowed is not None
                 else torch.ones(vocab_size, dtype=torch.bool, device=positions.device))
-        mask = free.expand(*positions.shape, vocab_size).clone()
-        pinned = forced >= 0
-        if bool(pinned.any()):
-            mask[pinned] = False
-            mask[pinned, forced[pinned]] = True
-        return mask
+        point = torch.zeros(*positions.shape, vocab_size, dtype=torch.bool, device=positions.device)
+        point.scatter_(-1, forced.clamp(min=0)[..., None], True)
+        return torch.where((forced >= 0)[..., None], point, free)  # no host read: the same work at every step
 
     def force_drafts(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, positions: torch.Tensor,
                      vocab_size: int):
@@ -90,16 +87,15 @@ class TokenConstraints:
         mass as its draft law; other drafts are left as they are."""
         forced = self.at(positions)
         pinned = forced >= 0
-        if not bool(pinned.any()):
-            return drafts, draft_probs
         drafts = torch.where(pinned, forced, drafts)
         if draft_probs is not None:
             one_hot = torch.nn.functional.one_hot(drafts, vocab_size).to(draft_probs.dtype)
             draft_probs = torch.where(pinned[..., None], one_hot, draft_probs)
         return drafts, draft_probs
 
-    def count(self, start: torch.Tensor, counts: torch.Tensor) -> int:
-        """Forced positions among each row's committed positions ``start[b] .. start[b] + counts[b] - 1``."""
+    def count(self, start: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Forced positions among each row's committed positions ``start[b] .. start[b] + counts[b] - 1``
+        (a 0-d tensor on their device: read it once, when the counts are summed)."""
         pinned = torch.cat([torch.zeros(1, dtype=torch.long), (self.forced >= 0).long().cumsum(0)]).to(start.device)
         end = (start + counts).clamp(max=self.num_tokens)
-        return int((pinned[end] - pinned[start.clamp(max=self.num_tokens)]).sum())
+        return (pinned[end] - pinned[start.clamp(max=self.num_tokens)]).sum()

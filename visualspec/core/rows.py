@@ -23,6 +23,9 @@ from .stats import DecodeStats
 from .verify import Rule
 
 
+REPORT_EVERY_S = 0.1  # how often a decode reads its committed count for ``progress``
+
+
 def per_row(x, rows: int, device=None) -> torch.Tensor:
     """An int or a (rows,) tensor of per-row counts -> a (rows,) long tensor."""
     return torch.as_tensor(x, dtype=torch.long, device=device).expand(rows)
@@ -36,6 +39,8 @@ class _Rows:
         b, device = requests.shape[0], requests.device
         self.N, self.sampling, self.all_generators = num_tokens, sampling, generator
         self.req = requests
+        self.req_ids = requests.tolist()  # the same on the host: the rows' generators without a device read
+        self.most = 0  # no row has committed more than this many tokens (a host bound on max(n))
         self.n = torch.zeros(b, dtype=torch.long, device=device)
         # token ids (b, N), or continuous tokens (b, N, *token_shape)
         self.seq = torch.zeros(b, num_tokens, *token_shape, dtype=dtype, device=device)
@@ -48,7 +53,7 @@ class _Rows:
     @property
     def generator(self) -> Generator:
         """The generator(s) of the rows in flight: one per row when one per request was given."""
-        return row_generators(self.all_generators, self.req)
+        return row_generators(self.all_generators, self.req_ids)
 
     def model(self, x: torch.Tensor) -> torch.Tensor:
         """Per-row values (b, ...) -> per-model-row values (:meth:`SamplingConfig.model_batch`)."""
@@ -83,11 +88,25 @@ class _Rows:
         self.seq = torch.where(write.view(*write.shape, *[1] * len(trailing)), values, self.seq)
         self.fixed = torch.where(write, self.forwards[:, None], self.fixed)
         self.n = self.n + counts
+        self.most = min(self.N, self.most + candidates.shape[1])
         return counts
+
+    def any_done(self) -> bool:
+        """Whether some row has committed all N tokens. The counts are read from the device only
+        once the host's bound :attr:`most` (raised by each commit's window) reaches N, and the read
+        makes the bound exact: so an AR step never waits for the device, and a speculative one
+        only near the end."""
+        if self.most < self.N or not len(self):
+            return False
+        self.most = int(self.n.max())
+        return self.most >= self.N
 
     def start(self, rows: torch.Tensor, requests: torch.Tensor, first: torch.Tensor) -> None:
         """Rows ``rows`` begin requests ``requests`` with first tokens ``first`` (one prefill)."""
         self.req[rows] = requests
+        for row, request in zip(rows.tolist(), requests.tolist()):
+            self.req_ids[row] = request
+        self.most = max(self.most, 1)
         self.n[rows] = 1
         self.seq[rows] = 0
         self.seq[rows, 0] = first
@@ -98,6 +117,7 @@ class _Rows:
     def select(self, rows: torch.Tensor) -> None:
         for name in ("req", "n", "seq", "fixed", "forwards"):
             setattr(self, name, getattr(self, name)[rows])
+        self.req_ids = [self.req_ids[i] for i in rows.tolist()]
 
 
 def _first_tokens(rule: Rule, p: torch.Tensor, generator) -> torch.Tensor:
@@ -128,6 +148,8 @@ class _Run:
         self.t0 = time.perf_counter()
         self.target, self.N, self.sampling, self.drafter = target, num_tokens, sampling, drafter
         self.rule, self.progress, self.requests = rule, progress, requests
+        self._counts, self._structural = [], []  # each commit's counts (and forced tokens), on the device
+        self._unreported, self._reported_at = None, time.perf_counter()
         if requests is not None:
             for name in ("refill", "select"):
                 if not hasattr(target, name):
@@ -175,12 +197,24 @@ class _Run:
                                    self.constraints.guidance_at(positions))
 
     def _report(self, counts: torch.Tensor) -> None:
-        if self.progress:
-            self.progress(int(counts.sum()))
+        """Tell ``progress`` the tokens committed: summed on the device, read at most every
+        :data:`REPORT_EVERY_S` (a read waits for the device) and at the end."""
+        if not self.progress:
+            return
+        self._unreported = counts.sum() if self._unreported is None else self._unreported + counts.sum()
+        if time.perf_counter() - self._reported_at >= REPORT_EVERY_S:
+            self._flush_report()
+
+    def _flush_report(self) -> None:
+        if self._unreported is not None:
+            self.progress(int(self._unreported))
+            self._unreported = None
+        self._reported_at = time.perf_counter()
 
     def live(self) -> bool:
-        """Whether a row is still decoding."""
-        return len(self.rows) > 0 and bool((self.rows.n < self.N).any())
+        """Whether a row is still decoding (read from the device only near the end: :meth:`_Rows.any_done`)."""
+        rows = self.rows
+        return len(rows) > 0 and (rows.most < self.N or bool((rows.n < self.N).any()))
 
     def window_drafts(self, window, search, extra=None) -> tuple[int, bool]:
         """Drafts this step and whether they get a sibling tree: the fixed ``window - 1`` (with a
@@ -224,8 +258,8 @@ class _Run:
         start = self.rows.n
         counts = self.rows.commit(drafts, accepted, emitted)
         if self.constraints is not None:
-            self.stats.structural_tokens += self.constraints.count(start, counts)
-        self.stats.accepted_lengths.extend(counts[counts > 0].tolist())  # finished rows kept idle commit 0
+            self._structural.append(self.constraints.count(start, counts))
+        self._counts.append(counts)  # read once, at the end
         self._report(counts)
         return counts
 
@@ -247,9 +281,10 @@ class _Run:
     def finish_rows(self) -> None:
         """Move finished rows out; refill their slots from the queue, else drop them."""
         rows = self.rows
-        done = rows.n >= self.N
-        if not bool(done.any()):
+        if not rows.any_done():
             return
+        self._flush_report()  # a row finished: progress counted by whole sequences moves now
+        done = rows.n >= self.N
         finished = done.nonzero()[:, 0]
         req = rows.req[finished]
         self.tokens[req] = rows.seq[finished]
@@ -283,6 +318,12 @@ class _Run:
 
     def result(self) -> tuple[torch.Tensor, DecodeStats]:
         """The tokens of every row (request), in order, and the call's statistics."""
+        self._flush_report()
+        if self._counts:  # finished rows kept idle commit 0
+            counts = torch.cat(self._counts)
+            self.stats.accepted_lengths.extend(counts[counts > 0].tolist())
+        if self._structural:
+            self.stats.structural_tokens += int(torch.stack(self._structural).sum())
         self.stats.fixed_at = self.fixed_at
         self.stats.row_forwards = self.row_forwards
         self.stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
