@@ -2,6 +2,7 @@
 
     python benchmarks/browser_fps.py --sessions 1,3 --seconds 10
     python benchmarks/browser_fps.py --sessions 3 --speculate 1,2,3,4
+    python benchmarks/browser_fps.py --sessions 1,3 --compile off,on
 
 Starts the app (``app.py``) on a free local port, opens ``sessions`` pages in headless Chromium
 (Playwright; each page has its own browser context, hence its own world), presses Play and holds
@@ -32,7 +33,7 @@ def open_video_tab(page, url: str, timeout_ms: int = 60_000) -> None:
 
 
 def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, world=None, seed: int = 0,
-                          threads: int = 1, speculate: int = 4) -> dict:
+                          threads: int = 1, speculate: int = 4, compiled: bool = False) -> dict:
     import random
 
     import torch
@@ -47,6 +48,8 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
     if world_pipe is None:
         raise SystemExit("no world model found (assets/arena-nfd or --world)")
     torch.set_num_threads(threads)  # as `python app.py` does by default
+    if compiled:  # as `python app.py` does unless --no-compile
+        world_pipe.compile_worlds(speculate)
     application = app.build_app(load_pipeline(model), world_pipe, speculate=speculate)
     rng = random.Random(seed)
     results = {}
@@ -73,7 +76,8 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
                 c.close()
             time.sleep(1.0)
         browser.close()
-    return {"seconds": seconds, "torch_threads": threads, "speculate": speculate, "results": results}
+    return {"seconds": seconds, "torch_threads": threads, "speculate": speculate, "compiled": compiled,
+            "results": results}
 
 
 def main(argv=None):
@@ -84,10 +88,12 @@ def main(argv=None):
     parser.add_argument("--world", help="video pipeline folder (default: assets/arena-nfd)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per frame generation (the app's default)")
     parser.add_argument("--speculate", default="4", help="comma-separated: frames the app speculates ahead, one run each")
+    parser.add_argument("--compile", default="on", help="comma-separated: on (the app's default), off; one run each")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     runs = [run_browser_benchmark([int(n) for n in args.sessions.split(",")], args.seconds, args.model, args.world,
-                                  threads=args.threads, speculate=int(k)) for k in args.speculate.split(",")]
+                                  threads=args.threads, speculate=int(k), compiled=c == "on")
+            for k in args.speculate.split(",") for c in args.compile.split(",")]
     result = runs[0] if len(runs) == 1 else runs
     text = json.dumps(result, indent=1)
     if args.json:

@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, compile_mode, fixed_address
+from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, compile_mode, dense, fixed_address
 
 # the per-row state beside the cache (what select, branch and refill carry along)
 _ROW_STATE = ("prefix_mask", "first_position", "column_position", "column_valid")
@@ -409,7 +409,7 @@ class HFCausalLM:
         start = torch.tensor(self.column_valid.shape[1], device=tokens.device)
         key = _bucket(B, run, valid.shape[1], self._dtype, tokens.device, self.head_rows is not None)
         if self._compiled and run <= COMPILED_WINDOWS and (B == self._prefill_rows or key in self._compiler.compile_s):
-            logits = self._compiler(key, self, _dense(tokens), _dense(positions), valid, start)
+            logits = self._compiler(key, self, dense(tokens), dense(positions), valid, start)
         else:  # rows that finished left the batch: the rest runs eagerly rather than compile mid-decode
             logits = _window_forward(self, tokens, positions, valid, start)
         if run > L:
@@ -467,12 +467,6 @@ class HFCausalLM:
         for layer in self.cache.layers:
             layer.keys, layer.values = fixed_address(fn(layer.keys)), fixed_address(fn(layer.values))
 
-
-
-def _dense(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with row-major strides, even along size-1 dimensions (a compiled graph's guards
-    compare strides: a (1, 1) slice of a wider tensor is contiguous yet strided differently)."""
-    return x.contiguous().view(-1).view(x.shape)
 
 
 def _window_forward(lm: HFCausalLM, tokens, positions, valid, start):

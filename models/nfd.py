@@ -32,6 +32,8 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from visualspec.core.compiled import StepCompiler, compile_mode, dense
+
 from .rotary import apply_rope
 
 
@@ -127,31 +129,30 @@ class DiTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
 
-    def attention(self, x, rope, mask, cache: FrameCache | None, layer: int, write_tokens: int,
-                  tokens_per_frame: int):
+    def attention(self, x, rope, mask, past_k=None, past_v=None):
+        """Attention of x (B, L, D) over the past keys and values (B, H, S, d; None: no past) and
+        itself; returns the output and x's own rotated keys and values (for a cache)."""
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4)
-        cos, sin = rope[..., 0].to(q.device), rope[..., 1].to(q.device)
+        cos, sin = rope[..., 0], rope[..., 1]
         if rope.dim() == 4:  # a table per row (B, L, pairs): broadcast over the heads
             cos, sin = cos[:, None], sin[:, None]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = k, v
-        if cache is not None:
-            past_k, past_v = cache.read(layer)
-            if past_k is not None:
-                keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-            if write_tokens:
-                cache.write(layer, k[:, :, :write_tokens], v[:, :, :write_tokens], tokens_per_frame)
+        if past_k is not None:
+            keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        return self.proj(out.transpose(1, 2).reshape(B, L, D))
+        return self.proj(out.transpose(1, 2).reshape(B, L, D)), k, v
 
-    def forward(self, x, c, rope, mask, cache=None, layer=0, write_tokens=0, tokens_per_frame=1):
-        """x (B, L, D); c (B, L, 6D) the per-token modulation (already projected)."""
+    def forward(self, x, c, rope, mask, past_k=None, past_v=None):
+        """x (B, L, D); c (B, L, 6D) the per-token modulation (already projected). Returns the new
+        x and x's keys and values."""
         shift1, scale1, gate1, shift2, scale2, gate2 = c.chunk(6, dim=-1)
         h = self.norm1(x) * (1 + scale1) + shift1
-        x = x + gate1 * self.attention(h, rope, mask, cache, layer, write_tokens, tokens_per_frame)
+        out, k, v = self.attention(h, rope, mask, past_k, past_v)
+        x = x + gate1 * out
         h = self.norm2(x) * (1 + scale2) + shift2
-        return x + gate2 * self.mlp(h)
+        return x + gate2 * self.mlp(h), k, v
 
 
 class NextFrameDiT(ModelMixin, ConfigMixin):
@@ -172,6 +173,8 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         self.final_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
         self.final = nn.Linear(dim, latent_channels)
         self.initialize_weights()
+        self._compiler, self._compiled = None, False  # the compiled trunk (compile_step), off by default
+        self._precompiling = False
 
     def initialize_weights(self):
         for module in self.modules():
@@ -234,13 +237,96 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
 
         rope = torch.stack([rotary(s) for s in start]) if isinstance(start, list) else rotary(start)
         mask = self.attention_mask(past, Fr).to(x.device)
-        for i, block in enumerate(self.blocks):
-            c = block.adaLN_modulation(cond).repeat_interleave(T, dim=1)
-            x = block(x, c, rope, mask, cache, i, write * T, T)
-        shift, scale = self.final_modulation(cond).repeat_interleave(T, dim=1).chunk(2, dim=-1)
-        out = self.final(self.final_norm(x) * (1 + scale) + shift)
+        past_k = tuple(cache.keys) if cache is not None and past else (None,) * len(self.blocks)
+        past_v = tuple(cache.values) if cache is not None and past else (None,) * len(self.blocks)
+        args = (x, cond, rope.to(x.device), mask, past_k, past_v)
+        key = (B, Fr, past, write, x.dtype, x.device)
+        if (self._compiled and not torch.is_grad_enabled()
+                and (key in self._compiler.compile_s or self._precompiling)):
+            out, keys, values = self._compiler(key, *_dense_args(args))
+        else:
+            out, keys, values = self._trunk(*args)
         if cache is not None and write:
+            for i, (k, v) in enumerate(zip(keys, values)):
+                cache.write(i, k[:, :, :write * T], v[:, :, :write * T], T)
             cache.frames = min(cache.frames + write, cache.max_frames)
             cache.next_frame = ([f + write for f in cache.next_frame] if isinstance(cache.next_frame, list)
                                 else cache.next_frame + write)
         return out.view(B, Fr, h, w, C).permute(0, 1, 4, 2, 3)
+
+    def _trunk(self, x, cond, rope, mask, past_k: tuple, past_v: tuple):
+        """The blocks and the output layer over tokens x (B, L, D) with per-frame conditions ``cond``
+        (B, F, D), after the past keys and values of each block: a pure function of tensors (what
+        :meth:`compile_step` compiles). Returns the output tokens and each block's new keys and
+        values."""
+        T = self.tokens_per_frame
+        keys, values = [], []
+        for block, pk, pv in zip(self.blocks, past_k, past_v):
+            c = block.adaLN_modulation(cond).repeat_interleave(T, dim=1)
+            x, k, v = block(x, c, rope, mask, pk, pv)
+            keys.append(k)
+            values.append(v)
+        shift, scale = self.final_modulation(cond).repeat_interleave(T, dim=1).chunk(2, dim=-1)
+        return self.final(self.final_norm(x) * (1 + scale) + shift), tuple(keys), tuple(values)
+
+    # ------------------------------------------------------------------ the compiled step (#48, #49)
+
+    def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
+        """Run generation forwards through ``torch.compile`` (``enabled=False``: eagerly). Only the
+        shapes :meth:`precompile` compiled run compiled; any other (the first frames, while the
+        cache fills) runs eagerly, so nothing compiles while a world plays (the app's worlds step
+        in threads, and torch compiles in one). ``mode`` is ``torch.compile``'s (``"auto"``: CUDA
+        graphs on a GPU)."""
+        self._compiled = bool(enabled)
+        if not enabled:
+            return
+        mode = compile_mode(mode, self.x_embed.weight.device)
+        if self._compiler is None or self._compiler.mode != mode:
+            self._compiler = StepCompiler(self._trunk, f"the {type(self).__name__} step", describe=_describe_bucket,
+                                          mode=mode)
+
+    @property
+    def compiled_step(self) -> bool:
+        """Whether generation forwards run compiled (:meth:`compile_step`)."""
+        return self._compiled
+
+    @torch.no_grad()
+    def precompile(self, batch_sizes, frames) -> None:
+        """Compile the step for a full cache (``context_frames`` past frames) at each batch size and
+        each number of frames per forward in ``frames`` (with that many, less the new ones, written:
+        pass (shown, new) pairs), announcing each compile once."""
+        if not self._compiled:
+            raise RuntimeError("precompile() compiles the compiled step: call compile_step() first")
+        cfg, device = self.config, self.x_embed.weight.device
+        self._precompiling = True
+        try:
+            for batch in batch_sizes:
+                for shown, new in frames:
+                    caches = [self._full_cache(device) for _ in range(batch)]
+                    cache = caches[0] if batch == 1 else FrameCache.stack(caches)  # as a session passes them
+                    shape = (batch, shown + new, cfg.latent_channels, cfg.latent_size, cfg.latent_size)
+                    self(torch.zeros(shape, device=device), torch.zeros(batch, shown + new, device=device),
+                         torch.zeros(batch, shown + new, dtype=torch.long, device=device), cache=cache, write=shown)
+        finally:
+            self._precompiling = False
+
+    def _full_cache(self, device) -> FrameCache:
+        """A cache of batch 1 holding ``context_frames`` frames (zeros): the shape of a playing world."""
+        cfg = self.config
+        cache = self.new_cache()
+        shape = (1, cfg.num_heads, cfg.context_frames * self.tokens_per_frame, cfg.dim // cfg.num_heads)
+        cache.keys = [torch.zeros(shape, device=device) for _ in self.blocks]
+        cache.values = [torch.zeros(shape, device=device) for _ in self.blocks]
+        cache.frames, cache.next_frame = cfg.context_frames, cfg.context_frames
+        return cache
+
+
+def _dense_args(args):
+    """The trunk's arguments with row-major strides (tensors, and the tuples of past keys and
+    values): cache slices keep their parent's strides, and a compiled graph guards on strides."""
+    return tuple(tuple(dense(t) for t in a) if isinstance(a, tuple) else dense(a) for a in args)
+
+
+def _describe_bucket(key) -> str:
+    batch, frames, past, write, *_ = key
+    return f"{batch} world(s), {frames} frames a forward ({write} shown), {past} past frames"

@@ -180,7 +180,7 @@ def test_visualspec_app_builds_and_serves_the_app(monkeypatch, torch_threads):
 
     monkeypatch.setattr(uvicorn, "run", run)
     port = free_port()
-    assert main(["app", "--port", str(port)]) == 0
+    assert main(["app", "--port", str(port), "--no-compile"]) == 0  # compile_worlds: tests/video/test_nfd.py
     status, html = pages[("127.0.0.1", port)]
     assert status == 200 and "window.visualspecArena" in html  # the page and the arena's script
     values = [str(c["props"].get("value")) for c in pages["config"]["components"]]

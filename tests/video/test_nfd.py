@@ -384,3 +384,36 @@ def test_self_forcing_targets_continue_the_ball_the_model_drew():
     context[0, 2] = context[0, 1]  # a ball seen again alone, after a lost frame, gives no velocity: no target
     context[0, 1] = lost[0]
     assert simulated_targets(Pixels(), context[:, 1:], rows[:, 1:], keys[:, 1:], recover=True)[2].tolist() == [False]
+
+
+def test_compiled_worlds_play_the_eager_frames_and_compile_nothing_while_playing():
+    """compile_step + precompile (what the app's compile_worlds does): once a world's context is
+    full it steps through the compiled graphs, with the eager frames (to rounding), and no shape
+    compiles during play; the first frames and the other shapes run eagerly."""
+    from unittest import mock
+
+    model = tiny_dit(context_frames=3)
+    opening = (torch.randn(1, 2, 4, 4, 4, generator=torch.Generator().manual_seed(0)),
+               torch.tensor([[model.no_action, 0]]))
+    actions = [1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 3, 3]
+
+    def play():
+        session = WorldSession(model, lambda z: list(z), opening, steps=1, speculate=2,
+                               generator=torch.Generator().manual_seed(1))
+        return torch.stack([session.step(a) for a in actions])
+
+    eager = play()
+    model.compile_step(True)
+    model.precompile([1], [(1, 2), (2, 2)])
+    graphs = dict(model._compiler.compile_s)
+    assert len(graphs) == 2
+    with mock.patch.object(model._compiler, "compiled", wraps=model._compiler.compiled) as compiled:
+        frames = play()
+    assert compiled.call_count >= 4  # the steps after the context filled
+    assert model._compiler.compile_s == graphs
+    torch.testing.assert_close(frames, eager, atol=1e-5, rtol=1e-5)
+    model.compile_step(False)
+    with mock.patch.object(model._compiler, "compiled", side_effect=AssertionError("compiled while off")):
+        torch.testing.assert_close(play(), eager, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="call compile_step"):
+        model.precompile([1], [(1, 1)])

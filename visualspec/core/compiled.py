@@ -104,6 +104,12 @@ def compile_mode(mode: str | None, device: torch.device) -> str | None:
     return mode
 
 
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with row-major strides, even along size-1 dimensions (a compiled graph's guards
+    compare strides: a (1, 1) slice of a wider tensor is contiguous yet strided differently)."""
+    return x.contiguous().view(-1).view(x.shape)
+
+
 def fixed_address(buffer: torch.Tensor) -> torch.Tensor:
     """``buffer``, marked on a GPU as one whose address stays (``torch._dynamo.mark_static_address``,
     as transformers marks its static cache's buffers), so that a CUDA graph of the step may write it

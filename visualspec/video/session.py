@@ -55,9 +55,9 @@ def denoise_frames(model, cache, actions: torch.Tensor, steps: int, sampler: str
     latents (B, N, C, h, w) and the number of model forwards used.
     """
     B, N = actions.shape
-    cfg = model.config
+    cfg, device = model.config, model.device  # diffusers' device looks through the parameters: once
     shape = (B, N, cfg.latent_channels, cfg.latent_size, cfg.latent_size)
-    x = normal(shape, generator, model.device)
+    x = normal(shape, generator, device)
     grid = time_grid(steps, sampler)
     forwards = 0
     for i, tau in enumerate(grid[:steps]):
@@ -65,12 +65,12 @@ def denoise_frames(model, cache, actions: torch.Tensor, steps: int, sampler: str
         if i == 0 and commit is not None and commit[0].shape[1] > 0:
             clean, clean_actions = commit
             if context_noise > 0:
-                clean = (1 - context_noise) * clean + context_noise * normal(clean.shape, generator, model.device)
+                clean = (1 - context_noise) * clean + context_noise * normal(clean.shape, generator, device)
             write = clean.shape[1]
             inputs = torch.cat([clean.to(x.dtype), x], dim=1)
             taus = torch.cat([torch.full((B, write), float(context_noise)), taus], dim=1)
             acts = torch.cat([clean_actions, actions], dim=1)
-        v = model(inputs, taus.to(model.device), acts.to(model.device), cache=cache, write=write)[:, write:]
+        v = model(inputs, taus.to(device), acts.to(device), cache=cache, write=write)[:, write:]
         forwards += 1
         if sampler == "flow":
             x = x + (grid[i + 1] - tau) * v

@@ -23,6 +23,9 @@ def add_options(p) -> None:
     p.add_argument("--threads", type=count_arg, default=1,
                    help="torch threads per frame generation (default 1: each player's world gets a core, "
                         "and the rest stay free for more players and for the browser)")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="keep the world's step eager (by default it is compiled at start-up, announced: about "
+                        "a minute the first time on a 2-core CPU, seconds once torch's disk cache holds it)")
 
 
 def run(args) -> int:
