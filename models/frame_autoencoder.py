@@ -15,6 +15,8 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from visualspec.core.compiled import StepCompiler, compile_mode, dense
+
 
 class ResBlock(nn.Module):
     def __init__(self, channels: int, groups: int = 8):
@@ -63,8 +65,27 @@ class FrameAutoencoder(ModelMixin, ConfigMixin):
         return self.encoder(frames) * self.config.scaling_factor
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Scaled latents -> frames in [-1, 1] (not clamped)."""
-        return self.decoder(latents / self.config.scaling_factor)
+        """Scaled latents -> frames in [-1, 1] (not clamped); through the compiled decoder for a
+        batch size :meth:`compile_decode` compiled."""
+        z = latents / self.config.scaling_factor
+        compiler = getattr(self, "_compiler", None)
+        if compiler is not None and not torch.is_grad_enabled():
+            return compiler((tuple(z.shape), z.dtype, z.device), dense(z), compile_new=False)
+        return self.decoder(z)
+
+    @torch.no_grad()
+    def compile_decode(self, batch_sizes, latent_size: int, mode: str | None = "auto") -> None:
+        """Compile the decoder for each of ``batch_sizes`` latents of ``latent_size`` squared
+        (announced); other shapes stay eager, and nothing compiles later. ``mode``:
+        ``torch.compile``'s ("auto": CUDA graphs on a GPU)."""
+        weight = self.decoder[0].weight
+        self._compiler = StepCompiler(self.decoder, f"the {type(self).__name__} decoder",
+                                      describe=lambda key: f"{key[0][0]} latents",
+                                      mode=compile_mode(mode, weight.device))
+        for batch in batch_sizes:
+            z = torch.zeros(batch, self.config.latent_channels, latent_size, latent_size, dtype=weight.dtype,
+                            device=weight.device)
+            self._compiler((tuple(z.shape), z.dtype, z.device), z)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(frames))

@@ -241,9 +241,8 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         past_v = tuple(cache.values) if cache is not None and past else (None,) * len(self.blocks)
         args = (x, cond, rope.to(x.device), mask, past_k, past_v)
         key = (B, Fr, past, write, x.dtype, x.device)
-        if (self._compiled and not torch.is_grad_enabled()
-                and (key in self._compiler.compile_s or self._precompiling)):
-            out, keys, values = self._compiler(key, *_dense_args(args))
+        if self._compiled and not torch.is_grad_enabled():
+            out, keys, values = self._compiler(key, *_dense_args(args), compile_new=self._precompiling)
         else:
             out, keys, values = self._trunk(*args)
         if cache is not None and write:
@@ -324,7 +323,7 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
 def _dense_args(args):
     """The trunk's arguments with row-major strides (tensors, and the tuples of past keys and
     values): cache slices keep their parent's strides, and a compiled graph guards on strides."""
-    return tuple(tuple(dense(t) for t in a) if isinstance(a, tuple) else dense(a) for a in args)
+    return tuple(tuple(t if t is None else dense(t) for t in a) if isinstance(a, tuple) else dense(a) for a in args)
 
 
 def _describe_bucket(key) -> str:

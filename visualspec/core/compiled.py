@@ -151,7 +151,12 @@ class StepCompiler:
         torch.compiler.cudagraph_mark_step_begin()
         return self.compiled(*args).clone()
 
-    def __call__(self, key: Hashable, *args):
+    def __call__(self, key: Hashable, *args, compile_new: bool = True):
+        """``fn(*args)`` through the graph of bucket ``key``; a new bucket compiles first, announced
+        (``compile_new=False``: a new bucket runs eagerly instead, e.g. while callers play in
+        threads, where torch must not compile)."""
+        if key not in self.compile_s and not compile_new:
+            return self.fn(*args)
         if key in self.compile_s:
             try:
                 with torch.compiler.set_stance("fail_on_recompile"):
