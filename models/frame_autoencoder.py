@@ -55,6 +55,7 @@ class FrameAutoencoder(ModelMixin, ConfigMixin):
             previous = width
         self.decoder.extend([ResBlock(previous), nn.GroupNorm(8, previous), nn.SiLU(),
                              nn.Conv2d(previous, in_channels, 3, padding=1)])
+        self._compiler, self._compiled = None, False  # the compiled decoder (compile_step), off by default
 
     @property
     def downsample(self) -> int:
@@ -65,23 +66,30 @@ class FrameAutoencoder(ModelMixin, ConfigMixin):
         return self.encoder(frames) * self.config.scaling_factor
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Scaled latents -> frames in [-1, 1] (not clamped); through the compiled decoder for a
-        batch size :meth:`compile_decode` compiled."""
+        """Scaled latents -> frames in [-1, 1] (not clamped); through the compiled decoder for the
+        shapes :meth:`precompile` compiled, while :meth:`compile_step` is on."""
         z = latents / self.config.scaling_factor
-        compiler = getattr(self, "_compiler", None)
-        if compiler is not None and not torch.is_grad_enabled():
-            return compiler((tuple(z.shape), z.dtype, z.device), dense(z), compile_new=False)
+        if self._compiled and not torch.is_grad_enabled():
+            return self._compiler((tuple(z.shape), z.dtype, z.device), dense(z), compile_new=False)
         return self.decoder(z)
 
-    @torch.no_grad()
-    def compile_decode(self, batch_sizes, latent_size: int, mode: str | None = "auto") -> None:
-        """Compile the decoder for each of ``batch_sizes`` latents of ``latent_size`` squared
-        (announced); other shapes stay eager, and nothing compiles later. ``mode``:
+    def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
+        """Decode through ``torch.compile`` (``enabled=False``: eagerly), for the shapes
+        :meth:`precompile` compiled; any other stays eager, and nothing compiles later. ``mode``:
         ``torch.compile``'s ("auto": CUDA graphs on a GPU)."""
+        self._compiled = bool(enabled)
+        mode = compile_mode(mode, self.decoder[0].weight.device)
+        if enabled and (self._compiler is None or self._compiler.mode != mode):
+            self._compiler = StepCompiler(self.decoder, f"the {type(self).__name__} decoder",
+                                          describe=lambda key: f"{key[0][0]} latents", mode=mode)
+
+    @torch.no_grad()
+    def precompile(self, batch_sizes, latent_size: int) -> None:
+        """Compile the decoder for each of ``batch_sizes`` latents of ``latent_size`` squared,
+        announcing each compile once."""
+        if not self._compiled:
+            raise RuntimeError("precompile() compiles the compiled decoder: call compile_step() first")
         weight = self.decoder[0].weight
-        self._compiler = StepCompiler(self.decoder, f"the {type(self).__name__} decoder",
-                                      describe=lambda key: f"{key[0][0]} latents",
-                                      mode=compile_mode(mode, weight.device))
         for batch in batch_sizes:
             z = torch.zeros(batch, self.config.latent_channels, latent_size, latent_size, dtype=weight.dtype,
                             device=weight.device)

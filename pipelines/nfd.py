@@ -130,17 +130,20 @@ class NextFramePipeline(VisualSpecPipeline):
 
     # ------------------------------------------------------------------ API
 
-    def compile_worlds(self, speculate: int = 4, batch_sizes=(1,)) -> None:
+    def compile_worlds(self, speculate: int = 4, batch_sizes=(1,), enabled: bool = True) -> None:
         """Compile the world model's step and the frame decoder for live worlds that speculate
         ``speculate`` frames, at each of ``batch_sizes`` worlds stepped together: one graph per number
         of frames shown since the last generation (1 to ``speculate``) and one decoder graph per batch
         size, each announced once (torch keeps the code on disk,
         so a later process compiles faster). Worlds then step compiled once their context is full;
-        other shapes stay eager, so nothing compiles while they play."""
+        other shapes stay eager, so nothing compiles while they play. ``enabled=False``: both
+        eager again (the compiled graphs are kept)."""
         check_positive_int("speculate (1 = off)", speculate)
-        self.transformer.compile_step(True)
-        self.transformer.precompile(batch_sizes, [(shown, speculate) for shown in range(1, speculate + 1)])
-        self.autoencoder.compile_decode([b * speculate for b in batch_sizes], self.transformer.config.latent_size)
+        self.transformer.compile_step(enabled)
+        self.autoencoder.compile_step(enabled)
+        if enabled:
+            self.transformer.precompile(batch_sizes, [(shown, speculate) for shown in range(1, speculate + 1)])
+            self.autoencoder.precompile([b * speculate for b in batch_sizes], self.transformer.config.latent_size)
 
     def interactive(self, seed: int | None = None, generator=None, steps: int | None = None, speculate: int = 4,
                     use_teacher: bool = False) -> ArenaSession:

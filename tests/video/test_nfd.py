@@ -420,13 +420,20 @@ def test_compiled_worlds_play_the_eager_frames_and_compile_nothing_while_playing
 
 
 def test_the_compiled_decoder_gives_the_eager_frames_and_other_batches_stay_eager():
+    from unittest import mock
+
     torch.manual_seed(0)
     autoencoder = FrameAutoencoder(channels=(8, 8), latent_channels=4).eval()
     z2, z3 = torch.randn(2, 4, 4, 4), torch.randn(3, 4, 4, 4)
     with torch.no_grad():
         eager2, eager3 = autoencoder.decode(z2), autoencoder.decode(z3)
-        autoencoder.compile_decode([2], latent_size=4)
+        autoencoder.compile_step(True)
+        autoencoder.precompile([2], latent_size=4)
         assert len(autoencoder._compiler.compile_s) == 1
         torch.testing.assert_close(autoencoder.decode(z2), eager2, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(autoencoder.decode(z3), eager3, atol=1e-5, rtol=1e-5)  # not compiled: eager
     assert len(autoencoder._compiler.compile_s) == 1
+    autoencoder.compile_step(False)
+    with mock.patch.object(autoencoder._compiler, "compiled", side_effect=AssertionError("compiled while off")):
+        with torch.no_grad():
+            torch.testing.assert_close(autoencoder.decode(z2), eager2, atol=1e-5, rtol=1e-5)

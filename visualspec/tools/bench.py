@@ -150,11 +150,13 @@ def format_table(results: dict) -> str:
 # ------------------------------------------------------------------------------------ video
 
 VIDEO_CONFIGS = {
-    # name: (use_teacher, steps, speculate)
-    "teacher, 8 Euler steps": (True, 8, 1),
-    "distilled, 4 steps": (False, 4, 1),
-    "distilled, 1 step": (False, 1, 1),
-    "distilled, 1 step, speculate 4": (False, 1, 4),
+    # name: (use_teacher, steps, speculate, compiled: the world's step and decoder, NextFramePipeline.compile_worlds)
+    "teacher, 8 Euler steps": (True, 8, 1, False),
+    "distilled, 4 steps": (False, 4, 1, False),
+    "distilled, 1 step": (False, 1, 1, False),
+    "distilled, 1 step, speculate 4": (False, 1, 4, False),
+    "distilled, 1 step, compiled": (False, 1, 1, True),
+    "distilled, 1 step, speculate 4, compiled": (False, 1, 4, True),
 }
 
 
@@ -162,7 +164,9 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
                         persistence: float = 0.9, progress: bool = False) -> dict:
     """Frames per second of each configuration at batch 1 on one action script (a person holding
     keys: ``persistence``), interleaved round by round; speedups are ratios to the first config.
-    ``progress``: a bar on stderr advancing once per rollout (warm-ups included)."""
+    ``progress``: a bar on stderr advancing once per rollout (warm-ups included). A compiled
+    configuration compiles in its warm-up (``first_call_s``: that warm-up's seconds, compiling
+    included; torch's disk cache makes a later process's shorter)."""
     from tqdm.auto import tqdm
 
     from ..worlds import arena
@@ -170,12 +174,17 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
     configs = configs or VIDEO_CONFIGS
     actions = list(arena.random_actions(np.random.default_rng([seed, 3]), frames, persistence))
     bar = tqdm(total=len(configs) * (rounds + 1), desc="bench-video (warm-up, then rounds)", disable=not progress)
-    for use_teacher, steps, speculate in configs.values():  # warm-up
+    first_call = {}
+    for name, (use_teacher, steps, speculate, compiled) in configs.items():  # warm-up
+        t0 = time.perf_counter()
+        pipe.compile_worlds(speculate, enabled=compiled)
         pipe(actions=actions[:8], seed=seed, use_teacher=use_teacher, steps=steps, speculate=speculate)
+        first_call[name] = time.perf_counter() - t0
         bar.update()
     runs = {name: [] for name in configs}
     for r in range(rounds):
-        for name, (use_teacher, steps, speculate) in configs.items():
+        for name, (use_teacher, steps, speculate, compiled) in configs.items():
+            pipe.compile_worlds(speculate, enabled=compiled)
             out = pipe(actions=actions, seed=seed + r, use_teacher=use_teacher, steps=steps, speculate=speculate)
             runs[name].append(out.stats)
             bar.update()
@@ -192,6 +201,7 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
             "forwards_per_frame": round(sum(s.model_forwards for s in stats) / sum(s.frames for s in stats), 3),
             "hit_rate": round(hits / (hits + discarded), 3) if hits + discarded else None,
             "p95_ms": round(1000 * float(np.percentile(np.concatenate([s.frame_seconds for s in stats]), 95)), 2),
+            "first_call_s": round(first_call[name], 1),
         }
     return {"frames": frames, "rounds": rounds, "persistence": persistence,
             "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
@@ -255,9 +265,11 @@ def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3
 
 
 def format_video_table(results: dict) -> str:
-    lines = [f"{'configuration':<34}{'FPS':>8}{'ms/frame':>10}{'speedup':>9}{'fwd/frame':>11}{'hit rate':>10}"]
+    lines = [f"{'configuration':<42}{'FPS':>8}{'ms/frame':>10}{'speedup':>9}{'fwd/frame':>11}{'hit rate':>10}"
+             f"{'first call s':>14}"]
     for name, r in results.items():
         hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
-        lines.append(f"{name:<34}{r['fps']:>8.1f}{r['ms_per_frame']:>10.2f}{r['speedup']:>9.2f}"
-                     f"{r['forwards_per_frame']:>11.2f}{hit:>10}")
+        first = "-" if r.get("first_call_s") is None else f"{r['first_call_s']:.1f}"
+        lines.append(f"{name:<42}{r['fps']:>8.1f}{r['ms_per_frame']:>10.2f}{r['speedup']:>9.2f}"
+                     f"{r['forwards_per_frame']:>11.2f}{hit:>10}{first:>14}")
     return "\n".join(lines)
