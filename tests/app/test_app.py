@@ -1,6 +1,7 @@
 """The Gradio app's image tab, driven through its functions (no browser needed), and how it starts:
 ``visualspec app`` and ``python app.py``."""
 
+import argparse
 import json
 import re
 import subprocess
@@ -263,3 +264,27 @@ def test_the_image_tab_takes_a_unified_vocabulary_model():
     image, amap, stats = app.ImageDemo(pipe).generate("a photo of a red circle", "sjd", 3.0, 0)
     assert image.size == (384, 384) and amap.size == (5 * 76, 4 * 76)  # 4 rows of 4 codes and a row end
     assert json.loads(stats)["structural_tokens"] == 5
+
+
+def test_an_app_whose_world_cannot_compile_plays_eagerly_and_says_so(monkeypatch, capsys, torch_threads):
+    """A machine where torch cannot compile (no C++ compiler) still serves the world, eagerly."""
+    from visualspec.tools.commands.app import add_options
+
+    calls = []
+
+    class World:
+        def compile_worlds(self, speculate, enabled=True):
+            calls.append((speculate, enabled))
+            if enabled:
+                raise RuntimeError("the NextFrameDiT step: torch could not compile the step on this machine "
+                                   "(OSError: no C++ compiler found); use compile=False")
+
+    monkeypatch.setattr(app, "load_world", lambda folder: World())
+    monkeypatch.setattr(app, "load_pipeline", lambda model: None)
+    monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate: world)
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    assert isinstance(app.app_from_options(parser.parse_args(["--speculate", "2"])), World)
+    assert calls == [(2, True), (2, False)]
+    err = capsys.readouterr().err
+    assert "warning: the world plays eagerly" in err and "no C++ compiler found" in err

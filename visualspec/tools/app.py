@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -362,7 +363,11 @@ def app_from_options(args):
     if args.world and world is None:
         raise ValueError(f"{args.world} is not a pipeline folder (no model_index.json)")
     if world is not None and getattr(args, "compile", False):
-        world.compile_worlds(args.speculate)  # each world's frames 1.1-1.3x faster (docs/benchmarks.md)
+        try:  # each world's frames 1.2-1.4x faster (docs/benchmarks.md)
+            world.compile_worlds(args.speculate)
+        except RuntimeError as e:  # no C++ compiler, an unsupported device: play eagerly, and say so
+            world.compile_worlds(args.speculate, enabled=False)
+            print(f"warning: the world plays eagerly: {e}", file=sys.stderr)
     return build_app(load_pipeline(args.model), world, speculate=args.speculate)
 
 
