@@ -26,7 +26,7 @@ def register(sub, common) -> None:
     v.set_defaults(func=run_video)
 
     bv = sub.add_parser("bench-video", parents=[common],
-                        help="world model frames per second: teacher, distilled, speculation")
+                        help="world model frames per second: teacher, distilled, speculation, compiled")
     bv.add_argument("--model")
     bv.add_argument("--frames", type=count_arg, default=300)
     bv.add_argument("--rounds", type=count_arg, default=3)
