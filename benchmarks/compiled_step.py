@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.timing import median_ms  # noqa: E402
+from benchmarks.timing import median_ms, synchronized  # noqa: E402
 from visualspec import VisualSpecPipeline  # noqa: E402
 from visualspec.core.sampling import SamplingConfig  # noqa: E402
 from visualspec.core.window_costs import machine_name, synchronize  # noqa: E402
@@ -59,14 +59,6 @@ def matmul_peak_flops(device, n: int = 2048, repeats: int = 10) -> float:
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     return 2 * n ** 3 / (median_ms(synchronized(lambda: a @ b, device), repeats, warmup=2) / 1e3)
 
-
-def synchronized(fn, device):
-    """``fn``, then a wait for the device's queued kernels (so that a timing counts them)."""
-    def call():
-        out = fn()
-        synchronize(device)
-        return out
-    return call
 
 
 def step_flops(fn) -> int:

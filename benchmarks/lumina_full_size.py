@@ -40,17 +40,21 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from visualspec.core.engine import decode
-from visualspec.core.sampling import SamplingConfig
-from visualspec.core.window import WindowPolicy, prefix_rows
-from visualspec.core.window_costs import machine_name, measure_window_costs, synchronize
-from visualspec.drafters import JacobiDrafter
-from visualspec.models.unified_ar import UnifiedImageLM, chameleon_layout
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.timing import median_ms, synchronized  # noqa: E402
+from visualspec.core.engine import decode  # noqa: E402
+from visualspec.core.sampling import SamplingConfig  # noqa: E402
+from visualspec.core.window import WindowPolicy, prefix_rows  # noqa: E402
+from visualspec.core.window_costs import machine_name, measure_window_costs, synchronize  # noqa: E402
+from visualspec.drafters import JacobiDrafter  # noqa: E402
+from visualspec.models.unified_ar import UnifiedImageLM, chameleon_layout  # noqa: E402
 
 CODES = 8192  # Chameleon's VQGAN codebook; code c is token 4 + c
 FULL = dict(vocab_size=65536, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -125,15 +129,9 @@ def copy_bandwidth(device, nbytes: int = 2 ** 30, repeats: int = 10) -> float:
     (each reads and writes them)."""
     x = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
-    times = []
-    for _ in range(repeats + 1):
-        synchronize(device)
-        t0 = time.perf_counter()
-        y.copy_(x)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    del x, y
-    return 2 * nbytes / sorted(times[1:])[repeats // 2]
+    synchronize(device)
+    seconds = median_ms(synchronized(lambda: y.copy_(x), device), repeats, warmup=1) / 1e3
+    return 2 * nbytes / seconds  # the 2 GiB are freed on return, before the model's timings
 
 
 def main(argv=None):

@@ -16,3 +16,14 @@ def median_ms(fn, repeats: int, warmup: int = 10) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def synchronized(fn, device):
+    """``fn``, then a wait for the device's queued kernels (so that a timing counts them)."""
+    from visualspec.core.window_costs import synchronize
+
+    def call():
+        out = fn()
+        synchronize(device)
+        return out
+    return call

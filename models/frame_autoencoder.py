@@ -15,7 +15,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from visualspec.core.compiled import StepCompiler, compile_mode, dense
+from visualspec.core.compiled import dense, step_compiler
 
 
 class ResBlock(nn.Module):
@@ -78,10 +78,9 @@ class FrameAutoencoder(ModelMixin, ConfigMixin):
         :meth:`precompile` compiled; any other stays eager, and nothing compiles later. ``mode``:
         ``torch.compile``'s ("auto": CUDA graphs on a GPU)."""
         self._compiled = bool(enabled)
-        mode = compile_mode(mode, self.decoder[0].weight.device)
-        if enabled and (self._compiler is None or self._compiler.mode != mode):
-            self._compiler = StepCompiler(self.decoder, f"the {type(self).__name__} decoder",
-                                          describe=lambda key: f"{key[0][0]} latents", mode=mode)
+        if enabled:
+            self._compiler = step_compiler(self._compiler, self.decoder, f"the {type(self).__name__} decoder",
+                                           lambda key: f"{key[0][0]} latents", mode, self.decoder[0].weight.device)
 
     @torch.no_grad()
     def precompile(self, batch_sizes, latent_size: int) -> None:

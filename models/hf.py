@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, compile_mode, dense, fixed_address
+from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, dense, fixed_address, step_compiler
 
 # the per-row state beside the cache (what select, branch and refill carry along)
 _ROW_STATE = ("prefix_mask", "first_position", "column_position", "column_valid")
@@ -359,14 +359,11 @@ class HFCausalLM:
         progress line each). Prefills, trees and refills stay eager, and so do the rows left once
         some have finished (:meth:`select`), unless their bucket was compiled before: nothing
         compiles mid-decode."""
-        mode = compile_mode(mode, self.model.device)
         if enabled:
             self.static = True
-            compiler = _COMPILERS.get(self.model)
-            if compiler is None or compiler.mode != mode:
-                compiler = _COMPILERS[self.model] = StepCompiler(
-                    _window_forward, f"the {type(self.model).__name__} decode step", describe=_describe_bucket, mode=mode)
-            self._compiler = compiler
+            self._compiler = _COMPILERS[self.model] = step_compiler(
+                _COMPILERS.get(self.model), _window_forward, f"the {type(self.model).__name__} decode step",
+                _describe_bucket, mode, self.model.device)
         else:
             self.static = self._static_choice
         self._compiled = bool(enabled)

@@ -38,7 +38,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, bucket_slots, compile_mode, fixed_address
+from visualspec.core.compiled import COMPILED_WINDOWS, bucket_slots, fixed_address, step_compiler
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
 from .rotary import apply_rope
@@ -445,10 +445,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         slots (:func:`~visualspec.core.compiled.bucket_slots`). So a decode needs two graphs per
         window length, compiled once each (:meth:`precompile`, announced) and never mid-step.
         Trees, prefills and refills stay eager."""
-        mode = compile_mode(mode, self.tok_embeddings.weight.device)
-        if enabled and (self._compiler is None or self._compiler.mode != mode):
-            self._compiler = StepCompiler(self._window, f"the {type(self).__name__} decode step",
-                                          describe=_describe_bucket, mode=mode)
+        if enabled:
+            self._compiler = step_compiler(self._compiler, self._window, f"the {type(self).__name__} decode step",
+                                           _describe_bucket, mode, self.tok_embeddings.weight.device)
         self._compiled = bool(enabled)
 
     @property
@@ -580,7 +579,6 @@ def _static_cache(cache, shape, layers: int, dtype, device):
         return cache
     return tuple([fixed_address(torch.zeros(shape, dtype=dtype, device=device)) for _ in range(layers)]
                  for _ in "kv")
-
 
 
 def _bucket(rows, window, attended, total, cache_slots, dtype, device) -> tuple:

@@ -32,7 +32,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from visualspec.core.compiled import StepCompiler, compile_mode, dense
+from visualspec.core.compiled import dense, step_compiler
 
 from .rotary import apply_rope
 
@@ -277,12 +277,9 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         in threads, and torch compiles in one). ``mode`` is ``torch.compile``'s (``"auto"``: CUDA
         graphs on a GPU)."""
         self._compiled = bool(enabled)
-        if not enabled:
-            return
-        mode = compile_mode(mode, self.x_embed.weight.device)
-        if self._compiler is None or self._compiler.mode != mode:
-            self._compiler = StepCompiler(self._trunk, f"the {type(self).__name__} step", describe=_describe_bucket,
-                                          mode=mode)
+        if enabled:
+            self._compiler = step_compiler(self._compiler, self._trunk, f"the {type(self).__name__} step",
+                                           _describe_bucket, mode, self.x_embed.weight.device)
 
     @property
     def compiled_step(self) -> bool:
@@ -314,8 +311,9 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         cfg = self.config
         cache = self.new_cache()
         shape = (1, cfg.num_heads, cfg.context_frames * self.tokens_per_frame, cfg.dim // cfg.num_heads)
-        cache.keys = [torch.zeros(shape, device=device) for _ in self.blocks]
-        cache.values = [torch.zeros(shape, device=device) for _ in self.blocks]
+        dtype = self.x_embed.weight.dtype
+        cache.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.blocks]
+        cache.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.blocks]
         cache.frames, cache.next_frame = cfg.context_frames, cfg.context_frames
         return cache
 

@@ -104,6 +104,17 @@ def compile_mode(mode: str | None, device: torch.device) -> str | None:
     return mode
 
 
+def step_compiler(current: "StepCompiler | None", fn: Callable, name: str, describe: Callable[[Hashable], str],
+                  mode: str | None, device) -> "StepCompiler":
+    """The compiler of a model's step: ``current`` when it compiles in the mode ``mode`` resolves to
+    on ``device`` (:func:`compile_mode`), so its graphs are kept, else a new :class:`StepCompiler`
+    of ``fn`` in that mode."""
+    mode = compile_mode(mode, device)
+    if current is not None and current.mode == mode:
+        return current
+    return StepCompiler(fn, name, describe=describe, mode=mode)
+
+
 def dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` with row-major strides, even along size-1 dimensions (a compiled graph's guards
     compare strides: a (1, 1) slice of a wider tensor is contiguous yet strided differently)."""
