@@ -94,18 +94,22 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd forward_window")
     parser.add_argument("--device", default="cpu", help="where to run the model (cpu, cuda, ...)")
+    parser.add_argument("--quantize", default=None, help="time the model with weights quantised so (int8, ...)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     pipe = VisualSpecPipeline.from_pretrained(args.model).to(args.device)
+    if args.quantize:
+        pipe.quantize(args.quantize)
     model = pipe.transformer
     num_tokens = model.config.block_size
     windows = sorted({w for w in args.windows if 1 <= w <= num_tokens} | {1})
     start = window_start(num_tokens, windows)
     print(f"machine: {machine_name(pipe.device)} (platform.processor {platform.processor() or '?'}, {platform.machine()}), "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"model: {args.model} ({type(model).__name__}, {model.dtype}), {num_tokens} tokens, "
+    print(f"model: {args.model} ({type(model).__name__}, {model.dtype}, weights {args.quantize or 'unquantised'}), "
+          f"{num_tokens} tokens, "
           f"guidance {pipe.config.default_guidance_scale}; windows start at position {start}")
 
     compile_ok = args.compile

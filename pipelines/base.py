@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 
+import torch
 from diffusers import DiffusionPipeline
+
+from ..models.quantized import QUANTIZE_SCHEMES, check_quantize, quantize_model
 
 _PIPELINES: dict[str, type] = {}
 
@@ -26,10 +29,54 @@ class VisualSpecPipeline(DiffusionPipeline):
     load from safetensors only (``use_safetensors=True`` unless the caller says otherwise): a folder
     whose ``.safetensors`` file is missing is refused with that file's name, even if a pickled
     ``.bin`` lies beside it.
+
+    ``quantize="int8"`` (or another of :data:`~visualspec.models.quantized.QUANTIZE_SCHEMES`)
+    quantises the decoding models' weights once loaded (:meth:`quantize`; torchao, an optional
+    dependency).
     """
 
+    #: the components that decode, and so are quantised (those a pipeline has)
+    decoding_components = ("transformer", "draft_model", "teacher")
+
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path, quantize: str | None = None, **kwargs):
+        check_quantize(quantize)  # before anything loads
+        pipe = cls._load(pretrained_model_name_or_path, **kwargs)
+        if quantize is not None:
+            pipe.quantize(quantize)
+        return pipe
+
+    def quantize(self, scheme: str) -> "VisualSpecPipeline":
+        """Quantise, in place, the weights of the models that decode (the transformer, and the
+        draft model and the teacher where the pipeline has them; not the image decoder or the text
+        encoder) with ``scheme`` (:data:`~visualspec.models.quantized.QUANTIZE_SCHEMES`), and return
+        the pipeline. Call it again after loading a draft model to quantise that too; a model
+        quantised with another scheme is an error. Greedy tokens may differ from the float
+        model's; speculation stays lossless with respect to the quantised target. A quantised
+        pipeline is not saved (:meth:`save_pretrained` refuses it)."""
+        check_quantize(scheme, self.device)
+        for name in self.decoding_components:
+            model = getattr(self, name, None)
+            if not isinstance(model, torch.nn.Module):
+                continue
+            done = getattr(model, "visualspec_quantize", None)
+            if done is None:
+                quantize_model(model, scheme)
+            elif done != scheme:
+                raise ValueError(f"the pipeline's {name} is quantised with {done!r}, not {scheme!r}; load it again")
+        return self
+
+    def save_pretrained(self, save_directory, **kwargs):
+        quantized = [name for name in self.decoding_components
+                     if getattr(getattr(self, name, None), "visualspec_quantize", None) is not None]
+        if quantized:
+            raise ValueError(f"this pipeline's {', '.join(quantized)} has quantised weights, which are not saved; "
+                             f"save the float pipeline and pass quantize= when loading it "
+                             f"(one of {sorted(QUANTIZE_SCHEMES)})")
+        return super().save_pretrained(save_directory, **kwargs)
+
+    @classmethod
+    def _load(cls, pretrained_model_name_or_path, **kwargs):
         path = os.fspath(pretrained_model_name_or_path)
         index_file = os.path.join(path, "model_index.json")
         if os.path.isdir(path):

@@ -16,12 +16,13 @@ higher layer.
 __version__ = "0.1.0"
 
 __all__ = ["VisualSpecPipeline", "SamplingConfig", "DecodeStats", "TokenModel", "decode", "generate_text",
-           "TextOutput"]
+           "TextOutput", "quantize_model"]
 
 # every public name is imported on first use, so `import visualspec` (and the command line's
 # start-up) loads neither torch nor diffusers until a name is needed
 _WHERE = {"VisualSpecPipeline": "pipelines", "SamplingConfig": "core.sampling", "DecodeStats": "core.stats",
-          "TokenModel": "core.engine", "decode": "core.engine", "generate_text": "text", "TextOutput": "text"}
+          "TokenModel": "core.engine", "decode": "core.engine", "generate_text": "text", "TextOutput": "text",
+          "quantize_model": "models.quantized"}
 
 
 def __getattr__(name):

@@ -76,6 +76,10 @@ def test_choice_lists_match_the_pipeline():
     from visualspec.drafters import INIT_SCHEMES
 
     assert JACOBI_INITS == INIT_SCHEMES
+    from visualspec.models.quantized import QUANTIZE_SCHEMES
+    from visualspec.tools.commands.options import QUANTIZE_CHOICES
+
+    assert QUANTIZE_CHOICES == tuple(sorted(QUANTIZE_SCHEMES))
 
 
 def test_console_script_is_installed():
@@ -230,7 +234,7 @@ def test_bench_text_finds_the_shipped_pair_from_any_folder(tmp_path, monkeypatch
 
 
 def test_bench_text_compile_choices_pick_the_rows():
-    from visualspec.tools.bench_text import methods
+    from visualspec.tools.bench_text import is_ar, methods
 
     class Tokenizer:
         def __len__(self):
@@ -243,6 +247,9 @@ def test_bench_text_compile_choices_pick_the_rows():
     assert rows["both"] == rows["on"] | rows["off"] and not rows["on"] & rows["off"] - {"generate"}
     with pytest.raises(ValueError, match="compile must be one of"):
         methods(None, None, Tokenizer(), compile="yes")
+    quantized = set(methods(None, None, Tokenizer(), compile="on", quantized=("int8", None))) - rows["on"]
+    assert quantized == {"visualspec AR, compiled, int8", "visualspec STAND, compiled, int8"}
+    assert [is_ar(name) for name in sorted(quantized)] == [True, False]
 
 
 def test_bench_measures_window_costs_only_before_it_times(home, monkeypatch):

@@ -7,6 +7,7 @@ same run. With a ``scorer``, the very images that were timed are also scored for
 
 from __future__ import annotations
 
+import copy
 import json
 import platform
 import sys
@@ -18,6 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..models.quantized import QUANTIZE_SCHEMES
 from ..core.stats import merge_decode_stats
 
 
@@ -29,6 +31,16 @@ DEFAULT_PROMPTS = [
 ]
 
 
+def split_quantized(mode: str) -> tuple[str, str | None]:
+    """A bench mode and the weights it runs on: ``"sjd+compiled+int8"`` -> ``("sjd+compiled", "int8")``,
+    ``"sjd"`` -> ``("sjd", None)`` (the pipeline's own weights); the schemes are
+    :data:`~visualspec.models.quantized.QUANTIZE_SCHEMES`."""
+    for scheme in QUANTIZE_SCHEMES:
+        if mode.endswith("+" + scheme):
+            return mode[:-len(scheme) - 1], scheme
+    return mode, None
+
+
 def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0,
                   batch_size: int = 1, scorer: Callable[[Path], dict] | None = None, keep_images: str | None = None,
                   progress: bool = False, **kwargs) -> dict:
@@ -37,7 +49,8 @@ def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0
     finished image's place goes to the next (continuous batching).
 
     ``modes`` are names of the pipeline's bench modes (:meth:`ImagePipeline.bench_mode`; default:
-    its ``default_bench_modes``), AR first; ``kwargs`` are call arguments every mode shares.
+    its ``default_bench_modes``), AR first, each optionally ``+SCHEME`` to run on a copy of the
+    pipeline quantised so (:func:`split_quantized`); ``kwargs`` are call arguments every mode shares.
     ``prompts`` are strings or GenEval metadata dicts (``{"prompt": ..., "tag": ..., ...}``); image i
     uses prompt ``i % len(prompts)`` and its own generator seeded ``seed + i`` in every mode. Modes
     are interleaved call by call after one warm-up call each (which also measures the window costs
@@ -48,7 +61,13 @@ def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0
     modes = list(modes or type(pipe).default_bench_modes)
     if "ar" not in modes:
         modes = ["ar", *modes]
-    settings = {m: {**kwargs, **type(pipe).bench_mode(m)} for m in modes}
+    weights = {m: split_quantized(m) for m in modes}
+    settings = {m: {**kwargs, **type(pipe).bench_mode(weights[m][0])} for m in modes}
+    pipes = {None: pipe}
+    for _, scheme in weights.values():  # a copy of the pipeline per quantisation, made before any call
+        if scheme not in pipes:
+            pipes[scheme] = copy.deepcopy(pipe).quantize(scheme)
+    pipe_of = {m: pipes[weights[m][1]] for m in modes}
     text = getattr(pipe, "is_text_conditional", True)
     if prompts is None:
         prompts = DEFAULT_PROMPTS if text else list(range(4))
@@ -61,7 +80,7 @@ def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0
     warm = [calls[0]] + ([calls[-1]] if len(calls[-1]) != len(calls[0]) else [])
     for mode in modes:
         for call in warm:
-            pipe([conditions[i]["prompt"] for i in call], seed=seed, output_type="latent", batch_size=batch_size,
+            pipe_of[mode]([conditions[i]["prompt"] for i in call], seed=seed, output_type="latent", batch_size=batch_size,
                  **settings[mode])
     tmp = None if keep_images else tempfile.TemporaryDirectory()
     root = Path(keep_images or tmp.name)
@@ -72,7 +91,7 @@ def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0
         for mode in modes:
             generators = [torch.Generator().manual_seed(seed + i) for i in call]
             t0 = time.perf_counter()
-            out = pipe([conditions[i]["prompt"] for i in call], generator=generators, output_type="pil",
+            out = pipe_of[mode]([conditions[i]["prompt"] for i in call], generator=generators, output_type="pil",
                        batch_size=batch_size, **settings[mode])
             rows[mode]["seconds"] += time.perf_counter() - t0
             rows[mode]["stats"].append(out.stats)
@@ -134,12 +153,13 @@ def _machine(device: torch.device) -> dict:
 
 def format_table(results: dict) -> str:
     quality = all("geneval_overall" in r for r in results.values())
-    header = f"{'mode':<14}{'forwards/img':>14}{'accepted/step':>15}{'s/img':>10}{'fwd vs AR':>11}{'speedup':>9}"
+    width = max(14, *(len(m) + 2 for m in results))
+    header = f"{'mode':<{width}}{'forwards/img':>14}{'accepted/step':>15}{'s/img':>10}{'fwd vs AR':>11}{'speedup':>9}"
     if quality:
         header += f"{'GenEval':>9}{'FID-shapes':>12}"
     lines = [header]
     for m, r in results.items():
-        line = (f"{m:<14}{r['target_forwards_per_image']:>14.1f}{r['mean_accepted_tokens_per_step']:>15.2f}"
+        line = (f"{m:<{width}}{r['target_forwards_per_image']:>14.1f}{r['mean_accepted_tokens_per_step']:>15.2f}"
                 f"{r['seconds_per_image']:>10.3f}{r['forwards_ratio_to_ar']:>11.3f}{r['speedup_vs_ar']:>9.2f}")
         if quality:
             line += f"{r['geneval_overall']:>9.3f}{r['fid_shapes']:>12.2f}"

@@ -16,6 +16,7 @@ computed by enumeration.
 
 from __future__ import annotations
 
+import copy
 import platform
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..models.quantized import check_quantize, quantize_model
 from ..text import generate_text
 
 PROMPT_TOKENS = 96
@@ -110,9 +112,9 @@ class ForwardCounter:
     is a tensor the hook adds to, which a compiled graph does as well (a Python int would be a
     constant of the graph, and each new value a recompile)."""
 
-    def __init__(self, module):
+    def __init__(self, *modules):
         self._count = torch.zeros((), dtype=torch.long)
-        self.handle = module.register_forward_hook(self._hook)
+        self.handles = [module.register_forward_hook(self._hook) for module in modules]
 
     def _hook(self, *_) -> None:  # returns nothing: a forward hook's return value replaces the output
         self._count.add_(1)
@@ -150,8 +152,13 @@ COMPILE_CHOICES = ("off", "on", "both")
 COMPILED_DRAFT = dict(window=6, draft_stop_below=0.6)  # chosen on seed=1 prompts (docs/experiments/2026-11-27-compiled-transformers-step.md)
 
 
+def is_ar(name: str) -> bool:
+    """Whether bench-text row ``name`` decodes autoregressively (quantised AR rows too)."""
+    return name in AR_METHODS or name.startswith("visualspec AR, ")
+
+
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
-            compile: str = "both"):
+            compile: str = "both", quantized=None):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -161,12 +168,14 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     cache, :func:`visualspec.text.generate_text` with ``compile=True``, and transformers' static
     compiled ``generate``), beside plain ``generate``; ``"both"``. The compiled draft model row
     drafts as :data:`COMPILED_DRAFT` says: a cheaper target step makes each draft forward dearer.
+    ``quantized``: a ``(scheme, model)`` pair, the target with quantised weights, adds its AR and
+    STAND rows (eager and compiled, as ``compile`` says), named ``..., SCHEME``.
     """
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
 
-    def ours(compile=False, **kw):  # eager unless the row says compiled ("auto" would follow stored costs)
-        return lambda prompt, n: generate_text(target, tokenizer, prompt, max_new_tokens=n, temperature=0,
+    def ours(compile=False, model=target, **kw):  # eager unless the row says compiled ("auto" follows stored costs)
+        return lambda prompt, n: generate_text(model, tokenizer, prompt, max_new_tokens=n, temperature=0,
                                                compile=compile, **kw).token_ids[0]
     dynamic = dict(drafter=draft, window=draft_window, draft_stop_below=stop_below)
     eager = {
@@ -193,15 +202,25 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     table = {"generate": lambda p, n: _hf_generate(target, tokenizer, p, n)}
     table.update(eager if compile != "on" else {})
     table.update(compiled if compile != "off" else {})
+    if quantized is not None:
+        scheme, model = quantized
+        for compiled in (False, True):
+            if compile != ("off" if compiled else "on"):
+                c = ", compiled" if compiled else ""
+                table[f"visualspec AR{c}, {scheme}"] = ours(compile=compiled, model=model)
+                table[f"visualspec STAND{c}, {scheme}"] = ours(drafter="stand", window=window, compile=compiled,
+                                                               model=model)
     return table
 
 
 @torch.no_grad()
 def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: int = 6, threads: int | None = None,
                        only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
-                       stop_below: float = 0.2, compile: str = "both", progress: bool = False) -> dict:
+                       stop_below: float = 0.2, compile: str = "both", quantize: str | None = None,
+                       progress: bool = False) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
-    fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers').
+    fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers',
+    quantised with ``quantize`` where those rows are asked for and win).
     Each method's first call (a full-length warm-up: window costs, compiled graphs) is timed
     apart, as ``first_call_seconds``. ``progress``: a bar on stderr advancing once per generation."""
     from tqdm.auto import tqdm
@@ -211,11 +230,16 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     folder = pair_folder(folder)
     tokenizer, target, draft = load_pair(folder)
     texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens)
+    check_quantize(quantize)
+    quantized = None
+    if quantize is not None:
+        quantized = (quantize, copy.deepcopy(target))
+        quantize_model(quantized[1], quantize)
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
-                    draft_window, stop_below, compile)
+                    draft_window, stop_below, compile, quantized)
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
-    counter = ForwardCounter(target)
+    counter = ForwardCounter(target, *([quantized[1]] if quantized else []))
     rows = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in table}
     outputs, first_call = {}, {}
     bar = tqdm(total=len(table) * (1 + len(texts)), desc="bench-text (first calls, then prompts)",
@@ -238,7 +262,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     bar.close()
     results = {}
     speed = {name: r["tokens"] / r["seconds"] for name, r in rows.items()}
-    best_ar = max((name for name in rows if name in AR_METHODS), key=speed.get)
+    best_ar = max((name for name in rows if is_ar(name)), key=speed.get)
     for name, r in rows.items():
         equal = sum(outputs[name, i] == outputs["generate", i] for i in range(len(texts)))
         results[name] = {"tokens_per_second": round(speed[name], 1),
@@ -254,7 +278,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         return round(ours["speedup_vs_generate"] / assisted["speedup_vs_generate"], 3) if ours and assisted else None
     return {
         "prompts": len(texts), "new_tokens": new_tokens, "window": window, "draft_window": draft_window,
-        "draft_stop_below": stop_below, "compile": compile, "best_ar": best_ar, "results": results,
+        "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar, "results": results,
         "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),
         "compiled_draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model, compiled"),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},

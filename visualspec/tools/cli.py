@@ -53,9 +53,11 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from ..models.quantized import MissingDependency
+
     try:
         return args.func(args)
-    except (ValueError, OSError) as err:  # bad input, a missing file, a file where a folder belongs, ...
+    except (ValueError, OSError, MissingDependency) as err:  # bad input, a missing file or optional package, ...
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C: one line, saying what was kept where the command knows it

@@ -72,10 +72,16 @@ def tiny_random_folder() -> str:
     return str(folder)
 
 
-def load_pipeline(model: str | None, draft_model: str | None = None):
+def load_pipeline(model: str | None, draft_model: str | None = None, quantize: str | None = None,
+                  device: str | None = None):
     """The image pipeline in ``model`` (default: the shipped one), with the draft model in the
-    folder ``draft_model`` loaded the pipeline's own way (:meth:`ImagePipeline.load_draft_model`)."""
+    folder ``draft_model`` loaded the pipeline's own way (:meth:`ImagePipeline.load_draft_model`).
+    With ``quantize``, the pipeline is moved to ``device`` and its decoding models quantised there
+    (:meth:`VisualSpecPipeline.quantize`); a scheme the device lacks is refused before loading."""
+    from ..models.quantized import check_quantize
     from ..pipelines import ImagePipeline, VisualSpecPipeline
+
+    check_quantize(quantize, device)
 
     folder, description = (shipped_or_path(model), model) if model else default_model()
     print(f"model: {description}", file=sys.stderr)
@@ -87,6 +93,9 @@ def load_pipeline(model: str | None, draft_model: str | None = None):
     if draft_model:
         pipe.load_draft_model(draft_model)
     pipe.set_progress_bar_config(disable=True)
+    if quantize:
+        pipe.to(device or "cpu").quantize(quantize)
+        print(f"quantized: {quantize} weights in the decoding models", file=sys.stderr)
     return pipe
 
 

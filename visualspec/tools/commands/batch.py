@@ -65,7 +65,7 @@ def _generate(args, lines) -> int:
                else distributed_context())
     with context as (rank, world_size):
         with rank_zero_first():  # rank 0 builds the default model's cache once; the others then read it
-            pipe = load_pipeline(args.model, args.draft_model)
+            pipe = load_pipeline(args.model, args.draft_model, args.quantize, device_name(args.device))
         if not pipe.is_text_conditional:
             raise ValueError(f"batch reads text prompts; {pipe.display_name} ({type(pipe).__name__}) is "
                              f"class-conditional (use generate --class-label)")

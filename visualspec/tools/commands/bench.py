@@ -16,7 +16,8 @@ def register(sub, common) -> None:
                    help="comma-separated, the pipeline's bench modes (default: its own list); token models: ar, sjd, "
                         "sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, gsd, speculative, each also +compiled (the "
                         "compiled step; otherwise eager); continuous-token models: ar, cspd, cspd+flat, each "
-                        "optionally @STEPS for that many diffusion-head steps. Speed-ups are over the fastest AR mode")
+                        "optionally @STEPS for that many diffusion-head steps; any mode +int8 (or another --quantize scheme) "
+                        "runs on quantised weights. Speed-ups are over the fastest AR mode")
     b.add_argument("--batch-sizes", type=count_arg, nargs="+", default=[1],
                    help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
     b.add_argument("--images", type=count_arg, default=4, help="images per mode")
@@ -31,7 +32,8 @@ def register(sub, common) -> None:
 
 
 def run(args) -> int:
-    from ..bench import run_benchmark
+    from ...models.quantized import check_quantize
+    from ..bench import run_benchmark, split_quantized
     from ..paths import check_output_file, check_output_folder, write_text_atomic
 
     if args.json:
@@ -42,9 +44,13 @@ def run(args) -> int:
     if given == []:
         raise ValueError(f"--modes names no mode ({args.modes!r}); give comma-separated modes, e.g. ar,sjd")
     device = device_name(args.device)
+    check_quantize(args.quantize, device)
     pipe = load_pipeline(args.model, args.draft_model)
     cls = type(pipe)
-    modes = {m: cls.bench_mode(m) for m in (given or cls.default_bench_modes)}
+    given = list(given or cls.default_bench_modes)
+    if args.quantize:  # each mode twice: the pipeline's weights, then the quantised ones
+        given += [f"{m}+{args.quantize}" for m in given if split_quantized(m)[1] is None]
+    modes = {m: cls.bench_mode(split_quantized(m)[0]) for m in given}
     kwargs = call_options(pipe, args)
     by_mode = sorted({k for settings in modes.values() for k in settings} & set(kwargs))
     if by_mode:

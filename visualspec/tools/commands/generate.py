@@ -30,7 +30,7 @@ def run(args) -> int:
         raise ValueError("--decoding speculative needs --draft-model FOLDER (a smaller model of the same "
                          "vocabulary), or use --decoding sjd")
     device = device_name(args.device)  # a wrong device is named before the model loads
-    pipe = load_pipeline(args.model, args.draft_model)
+    pipe = load_pipeline(args.model, args.draft_model, args.quantize, device)
     kwargs = call_options(pipe, args)
     pipe.to(device)
     if args.acceptance_map:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 # must match visualspec.drafters.INIT_SCHEMES (tests/tools/test_cli.py checks), so parsing needs no torch
 JACOBI_INITS = ("random", "repeat_left", "repeat_above")
+# must match visualspec.models.quantized.QUANTIZE_SCHEMES (tests/tools/test_cli.py checks)
+QUANTIZE_CHOICES = ("int4-weight", "int8", "int8-weight")
 
 
 def flag(name: str) -> str:
@@ -108,6 +110,9 @@ def add_image_options(p, decoding: bool = True) -> None:
         p.add_argument(flag(name), dest=name, type=kind, default=None, help=text,
                        metavar="{on,off}" if kind is on_off else "{on,off,auto}" if kind is compile_arg else None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                   help="quantise the decoding models' weights with torchao (an optional dependency): int8, int8 "
+                        "weights and activations; int8-weight; int4-weight (CUDA)")
 
 
 def call_options(pipe, args, names=None) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .options import count_arg
+from .options import QUANTIZE_CHOICES, count_arg
 
 
 def register(sub, common) -> None:
@@ -19,6 +19,8 @@ def register(sub, common) -> None:
                     help="the draft model stops drafting below this confidence")
     bt.add_argument("--compile", choices=("off", "on", "both"), default="both",
                     help="eager rows, compiled rows (static cache, torch.compile; ours and transformers'), or both")
+    bt.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                    help="also AR and STAND rows on the target with quantised weights (torchao)")
     bt.add_argument("--multidraft-gap", action="store_true", help="also the multi-draft verifiers vs the optimum")
     bt.add_argument("--json", help="write the results here")
     bt.set_defaults(func=run)
@@ -34,7 +36,7 @@ def run(args) -> int:
         check_output_file(args.json, "--json")
     result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
                                 draft_window=args.draft_window, stop_below=args.draft_stop_below,
-                                compile=args.compile, progress=True)
+                                compile=args.compile, quantize=args.quantize, progress=True)
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)
     text = json.dumps(result, indent=1)
