@@ -170,19 +170,36 @@ class DiffusionSchedule:
     def __len__(self):
         return len(self.timesteps)
 
+    @property
+    def table(self) -> torch.Tensor:
+        """Every kept step's quantities, (steps, 6) float64: t, abar, beta, log posterior variance,
+        c0, ct; row i is what :func:`posterior_step` reads at step i (a tensor, so that a compiled
+        step takes every step without recompiling)."""
+        return torch.stack([self.timesteps.double(), self.abar, self.beta, self.log_posterior, self.c0, self.ct], 1)
+
     def step(self, out: torch.Tensor, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log variance of x at kept step i - 1 given x at step i and the network's output
         ``out`` (N, 2D) = (eps, variance values)."""
-        D = x.shape[-1]
-        eps, v = out[:, :D].double(), out[:, D:].double()
-        x = x.double()
-        x0 = (x - (1 - self.abar[i]).sqrt() * eps) / self.abar[i].sqrt()
-        frac = (v + 1) / 2
-        log_var = frac * self.beta[i].log() + (1 - frac) * self.log_posterior[i]
-        return self.c0[i] * x0 + self.ct[i] * x, log_var
+        return posterior_step(out, x, self.table[i].to(x.device))
+
+
+def posterior_step(out: torch.Tensor, x: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and log variance of x one kept step down, float64, from x at this step and the
+    network's ``out`` (N, 2D) = (eps, variance values v in [-1, 1]); ``q`` is the step's
+    row of :attr:`DiffusionSchedule.table`: ``x0 = (x - sqrt(1 - abar) eps) / sqrt(abar)``, mean
+    ``c0 x0 + ct x``, log variance ``f log(beta) + (1 - f) log(posterior)`` with ``f = (v + 1) / 2``."""
+    abar, beta, log_posterior, c0, ct = q[1], q[2], q[3], q[4], q[5]
+    D = x.shape[-1]
+    eps, v = out[:, :D].double(), out[:, D:].double()
+    x = x.double()
+    x0 = (x - (1 - abar).sqrt() * eps) / abar.sqrt()
+    frac = (v + 1) / 2
+    log_var = frac * beta.log() + (1 - frac) * log_posterior
+    return c0 * x0 + ct * x, log_var
 
 
 PREDICTION_TYPES = ("epsilon", "v_prediction")
+COMPILED_STEPS = 5  # sampling steps per compiled call (DiffusionHead.compile_step)
 
 
 @functools.lru_cache(maxsize=16)
@@ -237,6 +254,52 @@ class DiffusionHead(nn.Module):
         finally:
             self.schedule = saved
 
+    _compiled_step = None
+
+    def denoise_step(self, x: torch.Tensor, z: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                     guided: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sampling step: the mean and standard deviation (float64) of x one kept step down,
+        from x (N, D) at the step whose quantities are ``q`` (a row of :attr:`DiffusionSchedule.table`);
+        ``scale`` is (guidance s, temperature). Guided, z is [cond; uncond] (2N rows) and eps is
+        ``uncond + s (cond - uncond)``, the variance the conditional rows'."""
+        n, D = x.shape[0], self.channels
+        t = q[0].long().expand(z.shape[0])
+        out = self.net(torch.cat([x, x]) if guided else x, t, z)
+        if guided:
+            cond, uncond = out[:n], out[n:]
+            out = torch.cat([uncond[:, :D] + scale[0].to(out.dtype) * (cond[:, :D] - uncond[:, :D]), cond[:, D:]], dim=1)
+        if self.prediction_type == "v_prediction":  # eps = sqrt(1 - abar) x_t + sqrt(abar) v
+            a = q[1]
+            eps = (1 - a).sqrt() * x.double() + a.sqrt() * out[:, :D].double()
+            out = torch.cat([eps.to(out.dtype), out[:, D:]], dim=1)
+        mean, log_var = posterior_step(out, x, q)
+        return mean, (0.5 * log_var).exp() * scale[1]
+
+    def denoise_steps(self, x: torch.Tensor, z: torch.Tensor, q: torch.Tensor, eps: torch.Tensor, scale: torch.Tensor,
+                      guided: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``len(q)`` sampling steps in a row (:meth:`denoise_step` with each row of ``q``), each
+        but the last followed by its noise ``eps[j]`` (N, D); the last step's mean and standard
+        deviation. One call of a compiled chunk replaces several calls of a compiled step, whose
+        fixed cost bounds a small head's step on a CPU."""
+        for j in range(q.shape[0]):
+            mean, std = self.denoise_step(x, z, q[j], scale, guided)
+            if j < q.shape[0] - 1:
+                x = (mean + std * eps[j].double()).to(z.dtype)
+        return mean, std
+
+    def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
+        """Run the sampler through ``torch.compile`` in chunks of :data:`COMPILED_STEPS` steps
+        (:meth:`denoise_steps`), one graph per chunk length for every row count (dynamic rows;
+        torch compiles once for one row, once for more); ``enabled=False``: eager again. The steps and their noise are unchanged, so the tokens are
+        the eager ones up to float rounding."""
+        from visualspec.core.compiled import compile_mode
+
+        if not enabled or self._compiled_step is not None:  # compiled already: keep its graphs
+            self._compiled_step = self._compiled_step if enabled else None
+            return
+        self._compiled_step = torch.compile(self.denoise_steps, dynamic=True,
+                                            mode=compile_mode(mode, next(self.parameters()).device))
+
     def noise(self, rows: int, generator=None, device=None) -> dict:
         """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).
         A draft and a target head given the same dict follow aligned trajectories."""
@@ -251,25 +314,22 @@ class DiffusionHead(nn.Module):
         conditional rows. ``temperature`` scales every step's noise, MAR's temperature.
         ``last_step_noise=False`` is MAR's sampler (the token is the last mean; the Gaussian
         returned is then the one it would have drawn from)."""
-        sched = self.schedule
         guided = guidance != 1.0
-        n = z.shape[0] // 2 if guided else z.shape[0]
+        scale = torch.tensor([guidance, temperature], dtype=torch.float64, device=z.device)
+        table = self.schedule.table.to(z.device)
         x = noise["x_T"].to(z.dtype)
-        for i in range(len(sched) - 1, -1, -1):
-            t = sched.timesteps[i].to(z.device).expand(z.shape[0])
-            out = self.net(torch.cat([x, x]) if guided else x, t, z)
-            if guided:
-                cond, uncond = out[:n], out[n:]
-                out = torch.cat([uncond[:, :self.channels] + guidance * (cond[:, :self.channels] - uncond[:, :self.channels]),
-                                 cond[:, self.channels:]], dim=1)
-            if self.prediction_type == "v_prediction":  # eps = sqrt(1 - abar) x_t + sqrt(abar) v
-                a = sched.abar[i]
-                eps = (1 - a).sqrt() * x.double() + a.sqrt() * out[:, :self.channels].double()
-                out = torch.cat([eps.to(out.dtype), out[:, self.channels:]], dim=1)
-            mean, log_var = sched.step(out, x, i)
-            std = (0.5 * log_var).exp() * temperature
+        chunk = COMPILED_STEPS if self._compiled_step is not None else 1
+        if chunk > 1:  # dense inputs: one compiled graph whatever views the noise and z come as
+            x, z = x.contiguous(), z.contiguous()
+        for top in range(len(table) - 1, -1, -chunk):  # steps top, top - 1, ..., down to 0
+            i = max(top - chunk + 1, 0)
+            if chunk == 1:
+                mean, std = self.denoise_step(x, z, table[i], scale, guided)
+            else:
+                mean, std = self._compiled_step(x, z, table[i:top + 1].flip(0), noise["eps"][i:top + 1].flip(0),
+                                                scale, guided)
             if i == 0:
                 last = Gaussian(mean.to(z.dtype), std.to(z.dtype))
-                token = mean + std * noise["eps"][i].double() if last_step_noise else mean
+                token = mean + std * noise["eps"][0].double() if last_step_noise else mean
                 return token.to(z.dtype), last
             x = (mean + std * noise["eps"][i].double()).to(z.dtype)

@@ -54,20 +54,24 @@ class MARPipeline(ImagePipeline):
     def __call__(self, class_labels=None, *, decoding: str = "ar", num_iter: int | None = None,
                  guidance_scale: float | None = None, cfg_schedule: str | None = None, temperature: float = 1.0,
                  num_images_per_prompt: int = 1, seed: int | None = None, generator=None, output_type: str = "pil",
-                 return_dict: bool = True, **others):
+                 return_dict: bool = True, compile: bool = False, **others):
         """Generate images of ``class_labels`` (an int or a list). ``num_iter`` (MAR's AR steps),
         ``guidance_scale`` and ``cfg_schedule`` (``"linear"`` or ``"constant"``) default to the
         folder's; ``temperature`` scales the head's noise; ``seed`` or ``generator`` (one, or one
         per image) make results repeatable; ``output_type`` is ``"pil"``, ``"np"``, ``"pt"`` or
-        ``"latent"`` (tokens (B, 256, 16))."""
+        ``"latent"`` (tokens (B, 256, 16)); ``compile=True`` runs the diffusion head's sampler
+        compiled (:meth:`~visualspec.models.diffusion_head.DiffusionHead.compile_step`)."""
         self.refuse_options(others)  # a token pipeline's option, named as such
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be True or False, got {compile!r}")
+        self.transformer.diffloss.compile_step(compile)
         num_iter, guidance_scale, cfg_schedule = (self.folder_default(name, value) for name, value in (
             ("num_iter", num_iter), ("guidance_scale", guidance_scale), ("cfg_schedule", cfg_schedule)))
         labels = self.check_inputs(class_labels, decoding, num_iter, guidance_scale, cfg_schedule, temperature,
                                    output_type, num_images_per_prompt)
         labels = torch.tensor([x for x in labels for _ in range(num_images_per_prompt)], device=self.device)
         gen = make_generator(seed, generator)
-        stats = DecodeStats(mode="mar", batch_size=len(labels), num_tokens=self.transformer.seq_len,
+        stats = DecodeStats(mode="mar+compiled" if compile else "mar", batch_size=len(labels), num_tokens=self.transformer.seq_len,
                             target_forwards=num_iter, slots=len(labels))
         start = time.perf_counter()
         tokens = self.transformer.generate(labels, num_iter=num_iter, cfg=guidance_scale, cfg_schedule=cfg_schedule,

@@ -37,6 +37,22 @@ def test_the_folder_loads_and_generates_by_ar_and_cspd(folder):
     assert torch.equal(sp.images, again)
 
 
+def test_compiled_heads_give_the_eager_images_and_say_so(folder):
+    """``compile=True`` compiles both heads' sampler (chunks of 5 steps: 7 steps run 5 + 2); CSpD's
+    drafts, verdicts and tokens are the eager ones (the same noise, the same steps)."""
+    pipe = VisualSpecPipeline.from_pretrained(folder)
+    kw = dict(seed=0, gamma=3, prefill=0.25, num_steps=7, output_type="latent")
+    eager = pipe([1, 2], **kw)
+    compiled = pipe([1, 2], compile=True, **kw)
+    assert compiled.stats.mode == "cspd+compiled" and pipe.transformer.diffloss._compiled_step is not None
+    assert pipe.draft_model.diffloss._compiled_step is not None
+    assert torch.allclose(compiled.images, eager.images, atol=1e-5)
+    assert compiled.stats.draft_acceptance == eager.stats.draft_acceptance
+    assert pipe([1, 2], compile=False, **kw).stats.mode == "cspd" and pipe.transformer.diffloss._compiled_step is None
+    with pytest.raises(ValueError, match="compile must be True or False, got 'auto'"):
+        pipe([1], compile="auto")
+
+
 def test_num_steps_sets_both_heads_steps_for_the_call_only(folder):
     pipe = VisualSpecPipeline.from_pretrained(folder)
     calls = []
@@ -114,8 +130,9 @@ def test_the_benchmark_compares_ar_cspd_and_fewer_steps_side_by_side(folder, tmp
     from visualspec.pipelines import ContinuousARPipeline
     from visualspec.tools.cli import main
 
-    assert ContinuousARPipeline.bench_mode("ar@25") == dict(decoding="ar", num_steps=25)
-    assert ContinuousARPipeline.bench_mode("cspd+flat") == dict(decoding="cspd", flatten=42.0)
+    assert ContinuousARPipeline.bench_mode("ar@25") == dict(decoding="ar", num_steps=25, compile=False)
+    assert ContinuousARPipeline.bench_mode("cspd+flat") == dict(decoding="cspd", flatten=42.0, compile=False)
+    assert ContinuousARPipeline.bench_mode("cspd@25+compiled") == dict(decoding="cspd", num_steps=25, compile=True)
     with pytest.raises(ValueError, match="unknown benchmark mode 'sjd'"):
         ContinuousARPipeline.bench_mode("sjd")
     out = tmp_path / "bench.json"
