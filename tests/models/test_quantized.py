@@ -52,6 +52,22 @@ def test_quantised_linears_change_the_logits_a_little(scheme):
         quantize_model(model, "int8")
 
 
+@torch.no_grad()
+def test_a_compiled_int8_layer_is_right_on_one_token_of_one_row():
+    """torch 2.13 + torchao 0.18 compile an int8 linear layer wrongly for a (1, 1, K) input (one AR
+    step of one row); ``quantize_model`` runs int8 layers on 2-D inputs, which compile right. The
+    control: the same layer with torchao's own forward is wrong there."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32)
+    quantize_model(layer, "int8")
+    x = torch.randn(1, 1, 64)
+    torch._dynamo.reset()
+    assert torch.allclose(torch.compile(layer)(x), layer(x), atol=1e-6)
+    del layer.forward  # back to torchao's forward: the control
+    torch._dynamo.reset()
+    assert float((torch.compile(layer)(x) - layer(x)).abs().max()) > 1.0
+
+
 def test_a_model_without_linear_layers_is_refused():
     with pytest.raises(ValueError, match="Embedding has no linear layer that quantize='int8' can take"):
         quantize_model(torch.nn.Embedding(4, 16), "int8")
