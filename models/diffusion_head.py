@@ -166,16 +166,13 @@ class DiffusionSchedule:
         self.abar, self.abar_prev = abar, abar_prev
         self.c0 = self.beta * abar_prev.sqrt() / (1 - abar)
         self.ct = (1 - abar_prev) * (1 - self.beta).sqrt() / (1 - abar)
+        # every kept step's quantities, (steps, 6) float64: t, abar, beta, log posterior variance,
+        # c0, ct; row i is what posterior_step reads at step i (a tensor, so that a compiled step
+        # takes every step without recompiling)
+        self.table = torch.stack([self.timesteps.double(), abar, self.beta, self.log_posterior, self.c0, self.ct], 1)
 
     def __len__(self):
         return len(self.timesteps)
-
-    @property
-    def table(self) -> torch.Tensor:
-        """Every kept step's quantities, (steps, 6) float64: t, abar, beta, log posterior variance,
-        c0, ct; row i is what :func:`posterior_step` reads at step i (a tensor, so that a compiled
-        step takes every step without recompiling)."""
-        return torch.stack([self.timesteps.double(), self.abar, self.beta, self.log_posterior, self.c0, self.ct], 1)
 
     def step(self, out: torch.Tensor, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log variance of x at kept step i - 1 given x at step i and the network's output
@@ -186,7 +183,7 @@ class DiffusionSchedule:
 def posterior_step(out: torch.Tensor, x: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and log variance of x one kept step down, float64, from x at this step and the
     network's ``out`` (N, 2D) = (eps, variance values v in [-1, 1]); ``q`` is the step's
-    row of :attr:`DiffusionSchedule.table`: ``x0 = (x - sqrt(1 - abar) eps) / sqrt(abar)``, mean
+    row of ``DiffusionSchedule.table``: ``x0 = (x - sqrt(1 - abar) eps) / sqrt(abar)``, mean
     ``c0 x0 + ct x``, log variance ``f log(beta) + (1 - f) log(posterior)`` with ``f = (v + 1) / 2``."""
     abar, beta, log_posterior, c0, ct = q[1], q[2], q[3], q[4], q[5]
     D = x.shape[-1]
@@ -259,7 +256,7 @@ class DiffusionHead(nn.Module):
     def denoise_step(self, x: torch.Tensor, z: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                      guided: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """One sampling step: the mean and standard deviation (float64) of x one kept step down,
-        from x (N, D) at the step whose quantities are ``q`` (a row of :attr:`DiffusionSchedule.table`);
+        from x (N, D) at the step whose quantities are ``q`` (a row of ``DiffusionSchedule.table``);
         ``scale`` is (guidance s, temperature). Guided, z is [cond; uncond] (2N rows) and eps is
         ``uncond + s (cond - uncond)``, the variance the conditional rows'."""
         n, D = x.shape[0], self.channels
@@ -290,15 +287,16 @@ class DiffusionHead(nn.Module):
     def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
         """Run the sampler through ``torch.compile`` in chunks of :data:`COMPILED_STEPS` steps
         (:meth:`denoise_steps`), one graph per chunk length for every row count (dynamic rows;
-        torch compiles once for one row, once for more); ``enabled=False``: eager again. The steps and their noise are unchanged, so the tokens are
-        the eager ones up to float rounding."""
+        torch compiles once for one row, once for more); ``enabled=False``: eager again. A head
+        compiled already keeps its graphs. The steps and their noise are unchanged, so the tokens
+        are the eager ones up to float rounding."""
         from visualspec.core.compiled import compile_mode
 
-        if not enabled or self._compiled_step is not None:  # compiled already: keep its graphs
-            self._compiled_step = self._compiled_step if enabled else None
-            return
-        self._compiled_step = torch.compile(self.denoise_steps, dynamic=True,
-                                            mode=compile_mode(mode, next(self.parameters()).device))
+        if not enabled:
+            self._compiled_step = None
+        elif self._compiled_step is None:
+            self._compiled_step = torch.compile(self.denoise_steps, dynamic=True,
+                                                mode=compile_mode(mode, next(self.parameters()).device))
 
     def noise(self, rows: int, generator=None, device=None) -> dict:
         """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).

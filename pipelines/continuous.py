@@ -20,7 +20,7 @@ from ..drafters import ContinuousDraftModelDrafter
 from ..models.continuous_ar import ContinuousARTransformer
 from ..models.kl_vae import KLAutoencoder
 from .base import register_pipeline
-from .image import ImagePipeline, PromptConditioning, check_draft_compatible
+from .image import ImagePipeline, PromptConditioning, check_draft_compatible, compile_heads
 
 
 @register_pipeline
@@ -106,11 +106,7 @@ class ContinuousARPipeline(PromptConditioning, ImagePipeline):
                                           (("gamma", gamma), ("prefill", prefill), ("guidance_scale", guidance_scale)))
         self.check_inputs(decoding, gamma, prefill, guidance_scale, temperature, flatten, output_type,
                           num_images_per_prompt, num_steps, batch_size)
-        if not isinstance(compile, bool):
-            raise ValueError(f"compile must be True or False, got {compile!r}")
-        for model in (self.transformer, self.draft_model if decoding == "cspd" else None):
-            if model is not None:
-                model.diffloss.compile_step(compile)
+        compile_heads(compile, self.transformer, self.draft_model if decoding == "cspd" else None)
         sampling = SamplingConfig(guidance_scale=guidance_scale)
         cond = self._conditions(prompt, class_labels, num_images_per_prompt)
         gen = make_generator(seed, generator)

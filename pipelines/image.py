@@ -325,6 +325,16 @@ class TokenImagePipeline(ImagePipeline):
 # ---------------------------------------------------------------------- conditions
 
 
+def compile_heads(compile, *models) -> None:
+    """Switch the diffusion-head sampler of each model (its ``diffloss``; None skipped) compiled or
+    eager, as a continuous-token pipeline's ``compile`` (True or False) says."""
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    for model in models:
+        if model is not None:
+            model.diffloss.compile_step(compile)
+
+
 def check_draft_compatible(target, draft, token_field: str = "vocab_size") -> None:
     """A draft model must make the target's tokens (its ``token_field``: the vocabulary, or a
     continuous token's dimension) over the same grid, and take the same condition."""

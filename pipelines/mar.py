@@ -16,7 +16,7 @@ from ..core.stats import DecodeStats
 from ..models.kl_vae import KLAutoencoder
 from ..models.mar import MAR
 from .base import register_pipeline
-from .image import ImagePipeline, class_label_list
+from .image import ImagePipeline, class_label_list, compile_heads
 
 
 @register_pipeline
@@ -62,17 +62,15 @@ class MARPipeline(ImagePipeline):
         ``"latent"`` (tokens (B, 256, 16)); ``compile=True`` runs the diffusion head's sampler
         compiled (:meth:`~visualspec.models.diffusion_head.DiffusionHead.compile_step`)."""
         self.refuse_options(others)  # a token pipeline's option, named as such
-        if not isinstance(compile, bool):
-            raise ValueError(f"compile must be True or False, got {compile!r}")
-        self.transformer.diffloss.compile_step(compile)
+        compile_heads(compile, self.transformer)
         num_iter, guidance_scale, cfg_schedule = (self.folder_default(name, value) for name, value in (
             ("num_iter", num_iter), ("guidance_scale", guidance_scale), ("cfg_schedule", cfg_schedule)))
         labels = self.check_inputs(class_labels, decoding, num_iter, guidance_scale, cfg_schedule, temperature,
                                    output_type, num_images_per_prompt)
         labels = torch.tensor([x for x in labels for _ in range(num_images_per_prompt)], device=self.device)
         gen = make_generator(seed, generator)
-        stats = DecodeStats(mode="mar+compiled" if compile else "mar", batch_size=len(labels), num_tokens=self.transformer.seq_len,
-                            target_forwards=num_iter, slots=len(labels))
+        stats = DecodeStats(mode="mar+compiled" if compile else "mar", batch_size=len(labels),
+                            num_tokens=self.transformer.seq_len, target_forwards=num_iter, slots=len(labels))
         start = time.perf_counter()
         tokens = self.transformer.generate(labels, num_iter=num_iter, cfg=guidance_scale, cfg_schedule=cfg_schedule,
                                            temperature=temperature, generator=gen)

@@ -19,8 +19,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..models.quantized import QUANTIZE_SCHEMES
 from ..core.stats import merge_decode_stats
+from ..models.quantized import QUANTIZE_SCHEMES
 
 
 DEFAULT_PROMPTS = [
@@ -80,8 +80,8 @@ def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0
     warm = [calls[0]] + ([calls[-1]] if len(calls[-1]) != len(calls[0]) else [])
     for mode in modes:
         for call in warm:
-            pipe_of[mode]([conditions[i]["prompt"] for i in call], seed=seed, output_type="latent", batch_size=batch_size,
-                 **settings[mode])
+            pipe_of[mode]([conditions[i]["prompt"] for i in call], seed=seed, output_type="latent",
+                          batch_size=batch_size, **settings[mode])
     tmp = None if keep_images else tempfile.TemporaryDirectory()
     root = Path(keep_images or tmp.name)
     rows = {m: {"stats": [], "seconds": 0.0} for m in modes}
@@ -92,7 +92,7 @@ def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0
             generators = [torch.Generator().manual_seed(seed + i) for i in call]
             t0 = time.perf_counter()
             out = pipe_of[mode]([conditions[i]["prompt"] for i in call], generator=generators, output_type="pil",
-                       batch_size=batch_size, **settings[mode])
+                                batch_size=batch_size, **settings[mode])
             rows[mode]["seconds"] += time.perf_counter() - t0
             rows[mode]["stats"].append(out.stats)
             for i, image in zip(call, out.images):
