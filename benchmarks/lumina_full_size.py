@@ -2,6 +2,8 @@
 
     python benchmarks/lumina_full_size.py --device cuda [--size 768] [--sjd-windows auto 16] [--json out.json]
     python benchmarks/lumina_full_size.py --device cuda --size 256 --compile both --sjd-windows --windows 1 16
+    python benchmarks/lumina_full_size.py --device cuda --size 256 --compile on --sjd-windows --windows 1 \
+        --quantize int4-weight
     python benchmarks/lumina_full_size.py --tiny            # the same path on a 2-layer model, any machine
 
 No Lumina-mGPT checkpoint can be downloaded here, so this times the real architecture and the real
@@ -29,6 +31,11 @@ step kind's one-token forward is set beside the bandwidth limit: the decoder's w
 the device's measured copy bandwidth (a 1 GiB copy reads and writes 2 GiB), the least time a
 forward that reads every weight once can take.
 
+``--quantize`` quantises the decoder's linear layers (its transformer layers and its output head;
+not the token embedding, of which a step reads a few rows) through :func:`visualspec.models.quantized.quantize_model`;
+the bandwidth limit is then the quantised weights' stored bytes (packed codes and scales) over the
+copy bandwidth.
+
 It prints the machine, the window-cost table (ms per forward of W tokens at the middle of the
 image, median of 5), then per mode (the median of ``--rounds`` rounds, the modes in turn): target
 forwards, tokens per forward, seconds per image, milliseconds per forward and the weight bandwidth
@@ -54,6 +61,7 @@ from visualspec.core.sampling import SamplingConfig  # noqa: E402
 from visualspec.core.window import WindowPolicy, prefix_rows  # noqa: E402
 from visualspec.core.window_costs import machine_name, measure_window_costs, synchronize  # noqa: E402
 from visualspec.drafters import JacobiDrafter  # noqa: E402
+from visualspec.models.quantized import QUANTIZE_SCHEMES, quantize_model, tensor_bytes  # noqa: E402
 from visualspec.models.unified_ar import UnifiedImageLM, chameleon_layout  # noqa: E402
 
 CODES = 8192  # Chameleon's VQGAN codebook; code c is token 4 + c
@@ -151,6 +159,8 @@ def main(argv=None):
                         help="the windows of the cost table (and compiled before it)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per window in the cost table")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the same vocabulary")
+    parser.add_argument("--quantize", default=None, choices=sorted(QUANTIZE_SCHEMES),
+                        help="quantise the decoder's linear layers (int4-weight needs CUDA)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--profile", action="store_true",
                         help="first print torch.profiler's busiest operations over a small image's AR decode")
@@ -168,7 +178,16 @@ def main(argv=None):
     build_s = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
     vq = sum(p.numel() for p in model.model.vqmodel.parameters())
-    weight_bytes = (params - vq) * torch.finfo(dtype).bits // 8  # what a decode step reads (not the VQ encoder)
+    quantize_s = 0.0
+    if args.quantize:
+        t0 = time.perf_counter()
+        for part in (model.model.layers, model.lm_head):
+            quantize_model(part, args.quantize)
+        synchronize(device)
+        quantize_s = time.perf_counter() - t0
+    vq_bytes = sum(tensor_bytes(p) for p in model.model.vqmodel.parameters())
+    # what a decode step reads (not the VQ encoder): the stored bytes, packed where quantised
+    weight_bytes = sum(tensor_bytes(p) for p in model.parameters()) - vq_bytes
     target = UnifiedImageLM(model)
     layout = chameleon_layout(model.config.vocabulary_map, side, side)
     sampling = SamplingConfig(guidance_scale=4.0, top_k=2000)
@@ -178,7 +197,8 @@ def main(argv=None):
     info = dict(machine=machine_name(device), platform=platform.platform(), torch=torch.__version__,
                 transformers=transformers.__version__, dtype=args.dtype, size=args.size,
                 tokens_per_image=layout.num_tokens, prompt_tokens=prefix[0].shape[1],
-                parameters_decoder=params - vq, build_s=round(build_s, 1), tiny=args.tiny)
+                parameters_decoder=params - vq, build_s=round(build_s, 1), tiny=args.tiny,
+                quantize=args.quantize, quantize_s=round(quantize_s, 1))
     print(json.dumps(info))
 
     # warm-up: a small image through both paths (kernels, allocator)

@@ -12,7 +12,11 @@ The schemes (:data:`QUANTIZE_SCHEMES`), measured in ``docs/experiments/2026-11-2
   4 M shipped models it is slower (the activations' quantisation costs more than their matmuls).
 - ``"int8-weight"``: int8 weights, float activations (the weights are dequantised in the matmul:
   less memory, and faster only where reading the weights bounds the step, as on a GPU).
-- ``"int4-weight"``: int4 weights in groups of 128, bfloat16 activations; CUDA only.
+- ``"int4-weight"``: int4 weights in groups of 128, bfloat16 activations; CUDA only. The weights are
+  packed for torch's own tinygemm kernel (``aten._weight_int4pack_mm``, what gpt-fast uses), not
+  torchao's default packing, whose kernel comes from a separate CUDA library. On an H200 (torch 2.11,
+  torchao 0.18) both weight-only schemes made a 7B step slower than bfloat16 (int4 2.1x, int8 10x;
+  ``docs/experiments/2026-11-27-gpu-h200-engine-step-int4.md``): they save memory there, not time.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ def torchao_config(scheme: str):
                                       Int8WeightOnlyConfig)
 
     return {"int8": Int8DynamicActivationInt8WeightConfig, "int8-weight": Int8WeightOnlyConfig,
-            "int4-weight": lambda: Int4WeightOnlyConfig(group_size=128)}[scheme]()
+            "int4-weight": lambda: Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"),
+            }[scheme]()
 
 
 def quantizable(layer: torch.nn.Module, scheme: str) -> bool:
@@ -90,6 +95,15 @@ def quantize_model(module: torch.nn.Module, scheme: str) -> int:
             layer.forward = types.MethodType(_linear_on_rows, layer)
     module.visualspec_quantize = scheme
     return len(names)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """The bytes ``tensor`` stores: numel x element size for a plain tensor; for a quantised weight
+    (a tensor subclass), the sum over the plain tensors it is made of (packed codes, scales, zero points)."""
+    if hasattr(tensor, "__tensor_flatten__") and type(tensor) is not torch.nn.Parameter:
+        names, _ = tensor.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
 
 
 def _linear_on_rows(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from visualspec.models.quantized import (QUANTIZE_SCHEMES, MissingDependency, check_quantize, quantizable,
-                                         quantize_model)
+                                         quantize_model, tensor_bytes, torchao_config)
 
 from conftest import tiny_llamagen
 
@@ -66,6 +66,18 @@ def test_a_compiled_int8_layer_is_right_on_one_token_of_one_row():
     del layer.forward  # back to torchao's forward: the control
     torch._dynamo.reset()
     assert float((torch.compile(layer)(x) - layer(x)).abs().max()) > 1.0
+
+
+def test_stored_bytes_count_the_packed_weight_and_its_scales():
+    layer = torch.nn.Linear(256, 512, bias=False)
+    assert tensor_bytes(layer.weight) == 256 * 512 * 4  # float32
+    quantize_model(torch.nn.Sequential(layer), "int8-weight")
+    assert 256 * 512 < tensor_bytes(layer.weight) <= 256 * 512 + 512 * 4 * 2  # int8 codes and per-row scales
+
+
+def test_int4_weights_use_torchs_own_kernel():
+    # torchao's default int4 packing calls a kernel from a separate CUDA library; tinygemm's is in torch
+    assert str(torchao_config("int4-weight").int4_packing_format).endswith("tile_packed_to_4d")
 
 
 def test_a_model_without_linear_layers_is_refused():
