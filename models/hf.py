@@ -109,24 +109,47 @@ class HFCausalLM:
             self.head_bias = None if bias is None else bias.detach()[self.head_rows]
             self.softcap = getattr(model.config, "final_logit_softcapping", None)
 
-    def _logits(self, last_only: bool = False, **inputs) -> torch.Tensor:
-        """Logits of the model (all V columns, or the K ``head_rows``) for ``inputs``. The KV cache
-        goes in under the keyword this transformers version names it (``cache``, formerly
-        ``past_key_values``)."""
+    def _logits(self, last_only: bool = False, features: bool = False, **inputs):
+        """Logits of the model (all V columns, or the K ``head_rows``) for ``inputs``; with
+        ``features``, ``(logits, features)``: the base model's last hidden states (B, L, D), which
+        the LM head reads (so this assumes the model's logits are its head applied to them, as
+        ``head_rows`` does). The KV cache goes in under the keyword this transformers version names
+        it (``cache``, formerly ``past_key_values``)."""
         inputs[self._cache_keyword] = inputs.pop("past_key_values")
-        if self.head_rows is None and not self.raw_head:
+        if self.head_rows is None and not self.raw_head and not features:
             return self.model(**inputs).logits
         hidden = self.model.base_model(**inputs).last_hidden_state
+        states = hidden
         if last_only:
             hidden = hidden[:, -1:]
-        if self.head_rows is None:  # raw_head: the LM head alone, without the class's own logit masking
-            return self.model.get_output_embeddings()(hidden)
-        logits = torch.nn.functional.linear(hidden, self.head_weight, self.head_bias)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        if self.head_rows is None:  # the LM head alone (raw_head: without the class's own logit masking)
+            logits = self.model.get_output_embeddings()(hidden)
+        else:
+            logits = torch.nn.functional.linear(hidden, self.head_weight, self.head_bias)
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+        return (logits, states) if features else logits
 
-    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None) -> torch.Tensor:
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The model's input embeddings of ``tokens`` (what a feature drafter reads beside the features)."""
+        return self.model.get_input_embeddings()(tokens)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """The LM head on ``features`` (B, L, D): logits (B, L, V) in float32, as :meth:`forward_window`
+        gives them for the features it returns (all V columns; a trimmed head's K)."""
+        if self.head_rows is None:
+            return self.model.get_output_embeddings()(features).float()
+        logits = torch.nn.functional.linear(features, self.head_weight, self.head_bias)
+        return (torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits).float()
+
+    @property
+    def feature_size(self) -> int:
+        """The width D of the features :meth:`forward_window` returns with ``features=True``."""
+        return self.model.get_output_embeddings().weight.shape[1]
+
+    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None, features: bool = False):
+        """Reset the cache and run ``prefix``; logits (B, V) for generated position 0, and with
+        ``features`` also the prefix's features (B, T, D), column for column (padding included)."""
         from transformers import DynamicCache, StaticCache
 
         static = self.static if static is None else static
@@ -150,9 +173,11 @@ class HFCausalLM:
             self.cache = self._reused_static_cache(length, input_ids.shape[0]) or StaticCache(
                 config=self.model.config, max_cache_len=length)
             mask = self._static_mask(self.column_valid, 0, self.prefix_len)
-        logits = self._logits(last_only=True, input_ids=input_ids, attention_mask=mask,
-                              position_ids=positions, past_key_values=self.cache, use_cache=True)
-        return logits[:, -1].float()
+        out = self._logits(last_only=True, features=features, input_ids=input_ids, attention_mask=mask,
+                           position_ids=positions, past_key_values=self.cache, use_cache=True)
+        if features:
+            return out[0][:, -1].float(), out[1]
+        return out[:, -1].float()
 
     def _reused_static_cache(self, length: int, rows: int):
         """The last prefill's static cache, emptied, when its buffers have ``rows`` rows and ``length``
@@ -175,24 +200,25 @@ class HFCausalLM:
         self.column_position = torch.cat([self.column_position, positions], 1)
         self.column_valid = torch.cat([self.column_valid, torch.ones_like(positions, dtype=torch.bool)], 1)
 
-    def forward_window(self, tokens: torch.Tensor, start) -> torch.Tensor:
+    def forward_window(self, tokens: torch.Tensor, start, features: bool = False):
         """Tokens (B, L), row b at generated positions start[b].. (an int or (B,) tensor). The
-        window attends to each row's valid columns and causally to itself."""
+        window attends to each row's valid columns and causally to itself. Returns logits (B, L, V),
+        and with ``features`` ``(logits, features (B, L, D))``: the last hidden states the head read."""
         B, L = tokens.shape
         self._last_window = L
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         positions = start[:, None] + torch.arange(L, device=tokens.device)
         if self.static:
-            logits = self._static_window(tokens, self.first_position + positions)
+            out = self._static_window(tokens, self.first_position + positions, features)
             self._append(positions)
-            return logits
+            return out
         mask = None
         if not bool(self.column_valid.all()):  # ragged rows or a padded prefix: say which columns count
             mask = torch.cat([self.column_valid, self.column_valid.new_ones(B, L)], 1).long()
-        logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
-                              past_key_values=self.cache, use_cache=True).float()
+        out = self._logits(features=features, input_ids=tokens, attention_mask=mask,
+                           position_ids=self.first_position + positions, past_key_values=self.cache, use_cache=True)
         self._append(positions)
-        return logits
+        return (out[0].float(), out[1]) if features else out.float()
 
     def crop(self, lengths) -> None:
         """Keep each row's generated positions < lengths[b]; drop trailing columns no row uses."""
@@ -220,13 +246,14 @@ class HFCausalLM:
             setattr(self, name, getattr(self, name)[rows])
         self._pack_columns()
 
-    def refill(self, rows: torch.Tensor, prefix) -> torch.Tensor:
+    def refill(self, rows: torch.Tensor, prefix, features: bool = False):
         """Start new sequences in rows ``rows`` (continuous batching): run ``prefix`` (r rows) alone,
         then write its cache into those rows, right-aligned to the prefix columns (every row's cache
         is left-padded with columns nobody attends to when the new prefix is longer); the columns
-        of tokens fed since are invalid for the new rows. Returns logits (r, V) for position 0."""
+        of tokens fed since are invalid for the new rows. Returns logits (r, V) for position 0 (with
+        ``features``, and the prefix's features, as :meth:`prefill` gives them)."""
         old = {name: getattr(self, name) for name in ("cache", "prefix_len", "_prefill_rows", *_ROW_STATE)}
-        logits = self.prefill(prefix, 0, static=False)
+        logits = self.prefill(prefix, 0, static=False, features=features)
         new = {name: getattr(self, name) for name in old}
         for name, value in old.items():
             setattr(self, name, value)
@@ -374,9 +401,10 @@ class HFCausalLM:
         return self._compiled
 
     @torch.no_grad()
-    def precompile(self, prefix, max_new_tokens: int, windows) -> None:
+    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False) -> None:
         """Compile the bucket of every window length in ``windows`` that a decode of ``prefix`` runs
-        (its rows, its cache length), so that none compiles inside the decode or a timed call.
+        (its rows, its cache length; ``features``: the steps that also return features, for a
+        feature drafter), so that none compiles inside the decode or a timed call.
         Leaves junk in the cache when it compiles: prefill again before decoding."""
         if not self._compiled:
             raise RuntimeError("precompile() compiles the compiled step: call compile_step() first")
@@ -384,15 +412,15 @@ class HFCausalLM:
         rows, columns = input_ids.shape[0], static_length(input_ids.shape[1] + max_new_tokens + STATIC_SLACK)
         runs = sorted({window_bucket(w) for w in windows if 1 <= w <= COMPILED_WINDOWS})
         todo = [run for run in runs
-                if _bucket(rows, run, columns, self._dtype, input_ids.device, self.head_rows is not None)
+                if _bucket(rows, run, columns, self._dtype, input_ids.device, self.head_rows is not None, features)
                 not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)
         for run in todo:
-            self.forward_window(torch.zeros(rows, run, dtype=torch.long, device=input_ids.device), 0)
+            self.forward_window(torch.zeros(rows, run, dtype=torch.long, device=input_ids.device), 0, features=features)
             self.crop(0)
 
-    def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor, features: bool = False):
         """A window forward on the static cache: (B, L) tokens at position ids ``positions``,
         compiled in its :func:`window_bucket` when the step is compiled (the padding tokens sit
         after the window, where nothing real attends them; their columns are given back)."""
@@ -404,15 +432,16 @@ class HFCausalLM:
             positions = torch.cat([positions, positions[:, -1:] + extra], 1)
         valid = self._static_mask_columns(L, room=run)
         start = torch.tensor(self.column_valid.shape[1], device=tokens.device)
-        key = _bucket(B, run, valid.shape[1], self._dtype, tokens.device, self.head_rows is not None)
+        key = _bucket(B, run, valid.shape[1], self._dtype, tokens.device, self.head_rows is not None, features)
         if self._compiled and run <= COMPILED_WINDOWS and (B == self._prefill_rows or key in self._compiler.compile_s):
-            logits = self._compiler(key, self, dense(tokens), dense(positions), valid, start)
+            out = self._compiler(key, self, dense(tokens), dense(positions), valid, start, features)
         else:  # rows that finished left the batch: the rest runs eagerly rather than compile mid-decode
-            logits = _window_forward(self, tokens, positions, valid, start)
+            out = _window_forward(self, tokens, positions, valid, start, features)
+        logits, states = out if features else (out, None)
         if run > L:
             self.cache.crop(L - run)
-            logits = logits[:, :L]
-        return logits.float()
+            logits, states = logits[:, :L], None if states is None else states[:, :L]
+        return (logits.float(), states) if features else logits.float()
 
     def _static_mask_columns(self, length: int, room: int) -> torch.Tensor:
         """(B, M) bool: the valid cache columns, then ``length`` window columns, once there is room
@@ -466,18 +495,19 @@ class HFCausalLM:
 
 
 
-def _window_forward(lm: HFCausalLM, tokens, positions, valid, start):
+def _window_forward(lm: HFCausalLM, tokens, positions, valid, start, features: bool = False):
     """``lm``'s forward of a window fed at cache columns ``start ..`` (a 0-d tensor), position ids
-    ``positions`` (B, L), attending the columns ``valid`` (B, M) causally (:func:`visible`)."""
+    ``positions`` (B, L), attending the columns ``valid`` (B, M) causally (:func:`visible`); with
+    ``features``, the logits and the last hidden states."""
     mask = additive_mask(visible(valid, start, tokens.shape[1]), lm._dtype)
-    return lm._logits(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=lm.cache,
-                      use_cache=True)
+    return lm._logits(features=features, input_ids=tokens, attention_mask=mask, position_ids=positions,
+                      past_key_values=lm.cache, use_cache=True)
 
 
-def _bucket(rows, window, columns, dtype, device, trimmed) -> tuple:
-    """The key of a compiled graph: its shapes, dtype, device, whether the head is trimmed, and the
-    grad mode."""
-    return rows, window, columns, dtype, device, trimmed, torch.is_grad_enabled()
+def _bucket(rows, window, columns, dtype, device, trimmed, features=False) -> tuple:
+    """The key of a compiled graph: its shapes, dtype, device, whether the head is trimmed, whether
+    it returns features, and the grad mode."""
+    return rows, window, columns, dtype, device, trimmed, features, torch.is_grad_enabled()
 
 
 def _describe_bucket(key) -> str:

@@ -352,11 +352,12 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ training forward
 
-    def forward(self, cond, tokens, cond_mask=None, drop_condition=None):
+    def forward(self, cond, tokens, cond_mask=None, drop_condition=None, features: bool = False):
         """Teacher-forced logits (B, N, V) for image tokens (B, N): row i predicts token i.
 
         ``cond_mask`` (B, cls_token_num) marks valid caption positions (t2i); ``drop_condition``
         (B,) bool replaces the condition by the null one (classifier-free guidance training).
+        ``features``: the hidden states (B, N, D) the head reads instead (row i's predicts token i).
         """
         prefix = self.embed_condition(cond, drop_condition)
         x = torch.cat([prefix, self.tok_embeddings(tokens[:, :-1])], dim=1)
@@ -368,7 +369,8 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         rope = rotary(self.rope[:T].to(x.device), x.dtype)
         for layer in self.layers:
             x = layer(x, rope, mask)
-        return self._logits(x[:, self.config.cls_token_num - 1:])
+        x = x[:, self.config.cls_token_num - 1:]
+        return self.norm(x) if features else self._logits(x)
 
     @staticmethod
     def _attention_mask(query_pos, key_valid):
@@ -383,9 +385,10 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ token-model protocol
 
-    def prefill(self, prefix, max_new_tokens: int) -> torch.Tensor:
+    def prefill(self, prefix, max_new_tokens: int, features: bool = False):
         """Allocate a static cache and run the condition. ``prefix`` is class labels (B,) or
-        ``(caption_features, caption_mask)``. Returns logits (B, V) for image token 0."""
+        ``(caption_features, caption_mask)``. Returns logits (B, V) for image token 0 (with
+        ``features``, and the condition's features (B, T, D): the hidden states the head reads)."""
         cond, cond_mask = prefix if isinstance(prefix, (tuple, list)) else (prefix, None)
         if max_new_tokens > self.config.block_size:
             raise ValueError(f"this model generates at most {self.config.block_size} tokens, asked for {max_new_tokens}")
@@ -398,9 +401,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self._rows, self._max_new = B, max_new_tokens
         if cond_mask is not None:
             self._key_valid[:, :T] = cond_mask.bool()
-        return self._run(x, torch.arange(T, device=x.device).expand(B, T))[:, -1]
+        return _last(self._run(x, torch.arange(T, device=x.device).expand(B, T), features=features))
 
-    def refill(self, rows: torch.Tensor, prefix) -> torch.Tensor:
+    def refill(self, rows: torch.Tensor, prefix, features: bool = False):
         """Start new images in cache rows ``rows`` (r,) with the condition ``prefix`` (r rows);
         returns logits (r, V) for their image token 0 (continuous batching)."""
         if self._cache is None:
@@ -411,25 +414,40 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self._key_valid[rows] = True
         if cond_mask is not None:
             self._key_valid[rows, :T] = cond_mask.bool()
-        return self._run(x, torch.arange(T, device=x.device).expand(len(rows), T), rows)[:, -1]
+        return _last(self._run(x, torch.arange(T, device=x.device).expand(len(rows), T), rows, features=features))
 
-    def forward_window(self, tokens: torch.Tensor, start) -> torch.Tensor:
+    def forward_window(self, tokens: torch.Tensor, start, features: bool = False):
         """Image tokens (B, L), row b at image positions start[b]..start[b]+L-1 (``start`` an int or
-        (B,) tensor) -> logits (B, L, V). Positions past the last image token are clamped to it:
-        they are fillers of rows that end inside the window, never read by a real token."""
+        (B,) tensor) -> logits (B, L, V) (with ``features``, and the hidden states (B, L, D) the head
+        read). Positions past the last image token are clamped to it: they are fillers of rows that
+        end inside the window, never read by a real token."""
         if self._cache is None:
             raise RuntimeError("call prefill() before forward_window()")
         B, L = tokens.shape[:2]  # (B, L) token ids, or (B, L, D) continuous tokens of a subclass
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         pos = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(max=self._max_new - 1)
         if self._compiled and L <= COMPILED_WINDOWS and 2 * B > self._key_valid.shape[0]:
-            return self._compiled_window(tokens, pos)
-        return self._window(tokens, pos)
+            return self._compiled_window(tokens, pos, features)
+        return self._window(tokens, pos, features=features)
 
-    def _window(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None = None) -> torch.Tensor:
+    def _window(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None = None, features: bool = False):
         """The window forward at image positions ``pos`` (B, L), attending ``attended`` cache
         slots (default: as :meth:`_run` decides)."""
-        return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos, attended=attended)
+        return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos, attended=attended,
+                         features=features)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The image-token embeddings of ``tokens`` (what a feature drafter reads beside the features)."""
+        return self.tok_embeddings(tokens)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """The output head on ``features`` (the final norm's output, as ``features=True`` returns them)."""
+        out = self.output(features)
+        return out if out.dtype == torch.float64 else out.float()
+
+    @property
+    def feature_size(self) -> int:
+        return self.config.dim
 
     # ------------------------------------------------------------------ the compiled step (#48)
 
@@ -456,7 +474,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         return self._compiled
 
     @torch.no_grad()
-    def precompile(self, prefix, max_new_tokens: int, windows) -> None:
+    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False) -> None:
         """Compile every bucket a decode of ``prefix`` with these window lengths can step through
         (each slot bucket of each window, without gradients, as decoding runs), so that none
         compiles inside a decode (or a timed call). When one is missing, runs a prefill and
@@ -469,14 +487,15 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         buckets = [(window, attended) for window in lengths
                    for attended in sorted({bucket_slots(n, total) for n in range(cls + window, total + 1)})]
         todo = [(window, attended) for window, attended in buckets
-                if _bucket(rows, window, attended, total, total, dtype, cond.device) not in self._compiler.compile_s]
+                if _bucket(rows, window, attended, total, total, dtype, cond.device, features)
+                not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)
         for window, attended in todo:
             start = min(attended - cls - window, max_new_tokens - window)
-            self.forward_window(torch.zeros(rows, window, dtype=torch.long, device=cond.device), start)
+            self.forward_window(torch.zeros(rows, window, dtype=torch.long, device=cond.device), start, features=features)
 
-    def _compiled_window(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _compiled_window(self, tokens: torch.Tensor, pos: torch.Tensor, features: bool = False):
         """The window forward through the compiled graph of its bucket: every cache row (the
         rows of finished images padded in, writing only into their own rows), slots a bucket of
         the cache."""
@@ -491,8 +510,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             tokens = torch.cat([tokens, tokens.new_zeros(rows - B, *tokens.shape[1:])])
             pos = torch.cat([pos, pos.new_zeros(rows - B, L)])
         cache = self._cache[0][0]  # its slots grow past ``total`` once a tree needs scratch slots
-        key = _bucket(rows, L, attended, total, cache.shape[2], cache.dtype, cache.device)
-        return self._compiler(key, tokens.contiguous(), pos.contiguous(), attended)[:B]  # one layout per bucket
+        key = _bucket(rows, L, attended, total, cache.shape[2], cache.dtype, cache.device, features)
+        out = self._compiler(key, tokens.contiguous(), pos.contiguous(), attended, features)  # one layout per bucket
+        return (out[0][:B], out[1][:B]) if features else out[:B]
 
     def crop(self, lengths) -> None:
         """Static cache: positions >= length are simply overwritten later and masked until then."""
@@ -543,7 +563,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self._key_valid[:m] = self._key_valid[rows]
         self._rows = m
 
-    def _run(self, x, input_pos, rows=None, slots=None, allowed=None, attended=None):
+    def _run(self, x, input_pos, rows=None, slots=None, allowed=None, attended=None, features: bool = False):
         """x (b, L, dim) at sequence positions ``input_pos`` (b, L), for the cache rows ``rows``
         (default: the first b). Keys and values are stored at ``slots`` (default: the positions);
         ``allowed`` (b, 1, L, S) says which cache slots each token sees (default: causal, over the
@@ -559,6 +579,9 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         k_all, v_all = self._cache
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos if slots is None else slots)
+        if features:
+            states = self.norm(x)
+            return self.head(states), states
         return self._logits(x)
 
     def _logits(self, x):
@@ -581,11 +604,17 @@ def _static_cache(cache, shape, layers: int, dtype, device):
                  for _ in "kv")
 
 
-def _bucket(rows, window, attended, total, cache_slots, dtype, device) -> tuple:
-    """The key of a compiled graph: the shapes, dtype and device it runs at, and the grad mode."""
-    return rows, window, attended, total, cache_slots, dtype, device, torch.is_grad_enabled()
+def _bucket(rows, window, attended, total, cache_slots, dtype, device, features=False) -> tuple:
+    """The key of a compiled graph: the shapes, dtype and device it runs at, whether it returns
+    features, and the grad mode."""
+    return rows, window, attended, total, cache_slots, dtype, device, features, torch.is_grad_enabled()
+
+
+def _last(out):
+    """A prefill's logits at its last column (and its features, all columns, where asked for)."""
+    return (out[0][:, -1], out[1]) if isinstance(out, tuple) else out[:, -1]
 
 
 def _describe_bucket(key) -> str:
-    rows, window, attended, total, _, _, _, _ = key
+    rows, window, attended, total, *_ = key
     return f"{rows} model rows, window {window}, {attended} of {total} cache slots"

@@ -11,3 +11,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x0, x1 = xp[..., 0], xp[..., 1]
     out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
     return out.flatten(-2).type_as(x)
+
+
+def rope_1d(length: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotary table (length, head_dim/2, 2) of (cos, sin) for positions 0..length-1: pair i of a
+    head turns by position x ``base ** (-2i / head_dim)``."""
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.outer(torch.arange(length).float(), freqs)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)

@@ -191,19 +191,30 @@ class JanusImageLM(UnifiedImageLM):
         self.vocab_size = model.model.generation_head.vision_head.out_features
         self._prompt = False
 
-    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None) -> torch.Tensor:
+    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None, features: bool = False):
         self._prompt = True
         try:
-            return super().prefill(prefix, max_new_tokens, static)
+            return super().prefill(prefix, max_new_tokens, static, features)
         finally:
             self._prompt = False
 
-    def _logits(self, last_only: bool = False, **inputs) -> torch.Tensor:
+    def _logits(self, last_only: bool = False, features: bool = False, **inputs):
         ids = inputs.pop("input_ids")
         embed = self.model.get_input_embeddings() if self._prompt else self.model.prepare_embeddings_for_image_generation
         inputs[self._cache_keyword] = inputs.pop("past_key_values")
         hidden = self.model.model.language_model(inputs_embeds=embed(ids), **inputs).last_hidden_state
-        return self.model.model.generation_head(hidden[:, -1:] if last_only else hidden)
+        logits = self.model.model.generation_head(hidden[:, -1:] if last_only else hidden)
+        return (logits, hidden) if features else logits
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.prepare_embeddings_for_image_generation(tokens)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model.model.generation_head(features).float()
+
+    @property
+    def feature_size(self) -> int:
+        return self.model.config.text_config.hidden_size
 
 
 class UnifiedFamily:

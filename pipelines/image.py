@@ -33,7 +33,8 @@ from ..core.checks import check_positive_int, is_int
 from ..core.sampling import SamplingConfig
 from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
-from ..drafters import INIT_SCHEMES, DraftModelDrafter, JacobiDrafter
+from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, JacobiDrafter
+from ..models.feature_drafter import check_target
 from .base import VisualSpecPipeline
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -252,6 +253,7 @@ TOKEN_BENCH_MODES = {
     "lantern": dict(decoding="lantern"),
     "gsd": dict(decoding="gsd"),
     "speculative": dict(decoding="speculative"),
+    "feature": dict(decoding="feature"),
 }
 
 
@@ -296,9 +298,10 @@ class TokenImagePipeline(ImagePipeline):
     def token_decoding(self, decoding: str, sampling: SamplingConfig, *, vocab_size: int, grid_width: int,
                        jacobi_init: str, coupling: bool, lantern_k: int = 1, lantern_delta: float | None = None,
                        lantern_lambda: float | None = None, gsd_group_size: int = 0,
-                       gsd_max_distance: float | None = None, draft: tuple | None = None):
+                       gsd_max_distance: float | None = None, draft: tuple | None = None, feature: tuple | None = None):
         """``(drafter, rule)`` of ``decoding`` for every token pipeline: Jacobi drafts for sjd,
-        lantern and gsd; a draft model's (``draft``: ``(model, prefix)``) for speculative; the
+        lantern and gsd; a draft model's (``draft``: ``(model, prefix)``) for speculative; a feature
+        drafter's (``feature``: ``(drafter network, target)``) for feature; the
         exact rule, or LANTERN's (``lantern_k`` nearest codes of :meth:`neighbour_table`, budget
         ``lantern_delta`` or ``lantern_lambda``) or GSD's (groups over :meth:`code_vectors`). The
         relaxed rules fall back to the exact one under greedy sampling."""
@@ -307,6 +310,9 @@ class TokenImagePipeline(ImagePipeline):
             drafter = JacobiDrafter(vocab_size, jacobi_init, grid_width=grid_width, coupling=coupling)
         elif decoding == "speculative":
             drafter = DraftModelDrafter(*draft)
+        elif decoding == "feature":
+            check_target(feature[0], feature[1], feature[1].feature_size)
+            drafter = FeatureDrafter(*feature)
         if decoding == "lantern" and not sampling.greedy:
             delta = None if lantern_lambda is not None else lantern_delta
             rule = partial(lantern_verify, neighbours=self.neighbour_table(lantern_k), delta=delta, lam=lantern_lambda)

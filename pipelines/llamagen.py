@@ -17,6 +17,12 @@ from .image import (TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline, c
                     window_lengths, window_policy)
 
 
+# decoding="feature"'s window for window="auto": the window policy prices a window by the target's
+# cost alone, and a feature drafter's drafts are not free; 4 was the fastest of auto, 3, 4, 5, 6
+# and 8 on four prompts no table uses (docs/experiments/2026-11-27-feature-drafter-text.md)
+FEATURE_WINDOW = 4
+
+
 @register_pipeline
 class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
     """Class- or text-conditional image generation with a LlamaGen GPT and VQ tokenizer.
@@ -25,18 +31,21 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
     and for text-conditional models a ``text_encoder`` (any transformers encoder whose
     ``last_hidden_state`` has ``caption_dim`` features) with its ``tokenizer``. An optional
     ``draft_model`` (a smaller LlamaGen GPT of the same vocabulary) enables
-    ``decoding="speculative"``.
+    ``decoding="speculative"``; an optional ``feature_drafter``
+    (:class:`~visualspec.models.feature_drafter.FeatureDraftModel`, trained for this transformer by
+    ``visualspec train-drafter --model``) enables ``decoding="feature"`` (EAGLE-style drafts from
+    the transformer's own features; lossless).
     """
 
     model_cpu_offload_seq = "text_encoder->transformer->vq_model"
-    _optional_components = ["text_encoder", "tokenizer", "draft_model"]
+    _optional_components = ["text_encoder", "tokenizer", "draft_model", "feature_drafter"]
     display_name = "LlamaGen"
-    decoding_modes = ("sjd", "ar", "lantern", "gsd", "speculative")
+    decoding_modes = ("sjd", "ar", "lantern", "gsd", "speculative", "feature")
     bench_modes = TOKEN_BENCH_MODES
     default_bench_modes = ("ar", "ar+compiled", "sjd", "sjd+coupling", "lantern", "gsd")  # the fastest AR too
 
     def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
-                 draft_model: LlamaGenGPT | None = None, default_guidance_scale: float = 4.0,
+                 draft_model: LlamaGenGPT | None = None, feature_drafter=None, default_guidance_scale: float = 4.0,
                  default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
                  default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0,
                  default_coupling: bool = False, default_gsd_group_size: int = 3,
@@ -44,7 +53,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                  default_sibling_depth: int = 2):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
-                              tokenizer=tokenizer, draft_model=draft_model)
+                              tokenizer=tokenizer, draft_model=draft_model, feature_drafter=feature_drafter)
         # sampling defaults that belong to the model (saved in model_index.json)
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
                                 default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta,
@@ -170,15 +179,25 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
             decoding, sampling, vocab_size=vocab, grid_width=model.grid_size, jacobi_init=d["jacobi_init"],
             coupling=d["coupling"], lantern_k=min(d["lantern_k"], vocab - 1), lantern_delta=d["lantern_delta"],
             lantern_lambda=lantern_lambda, gsd_group_size=d["gsd_group_size"],
-            gsd_max_distance=d["gsd_max_distance"], draft=draft)
+            gsd_max_distance=d["gsd_max_distance"], draft=draft,
+            feature=(self.feature_drafter, model) if decoding == "feature" else None)
         siblings, sibling_depth = d["siblings"], d["sibling_depth"]
         tree = drafter is not None and siblings > 1 and sibling_depth > 0
         compiled = compiled_step(model, compile, lambda r: prefix_of(model, list(range(r))), num_tokens, rows, slots)
+        if window == "auto" and decoding == "feature":
+            window = FEATURE_WINDOW
         if window == "auto":
             window = (window_policy(model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots,
                                     siblings if tree else 1, sibling_depth) if drafter is not None else 1)
         if compiled:
-            model.precompile(prefix_of(model, list(range(slots))), num_tokens, window_lengths(window))
+            model.precompile(prefix_of(model, list(range(slots))), num_tokens, window_lengths(window),
+                             **({"features": True} if decoding == "feature" else {}))
+        if decoding == "feature":  # the drafter's own step compiled with the target's
+            self.feature_drafter.compile_step(compiled)
+            if compiled:
+                self.feature_drafter.to(model.tok_embeddings.weight.dtype)
+                self.feature_drafter.precompile(slots * sampling.model_rows_per_sample, num_tokens + 1,
+                                                {self.feature_drafter.pairs_bucket(w) for w in window_lengths(window)})
 
         with self.progress_bar(total=num_tokens * rows) as bar:
             mode = (decoding + ("+coupling" if d["coupling"] and drafter else "") + ("+pd" if tree else "")
@@ -202,6 +221,11 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if decoding == "speculative" and self.draft_model is None:
             raise ValueError("decoding='speculative' needs a draft_model; load one with "
                              "from_pretrained(..., draft_model=model) or use 'sjd'")
+        if decoding == "feature" and self.feature_drafter is None:
+            raise ValueError("decoding='feature' needs a feature_drafter (visualspec train-drafter --model); load "
+                             "one with from_pretrained(..., feature_drafter=model) or use 'sjd'")
+        if decoding == "feature" and siblings > 1:
+            raise ValueError("decoding='feature' drafts chains; proactive drafting (siblings > 1) needs siblings=1")
         if decoding == "gsd":
             check_int("gsd_group_size", gsd_group_size, 0)
             if gsd_max_distance is not None and not gsd_max_distance >= 0:
@@ -221,7 +245,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         return model, lambda rows: self._prefix(model, cond, sampling, list(range(rows))), model.config.block_size
 
     def available_decodings(self) -> tuple[str, ...]:
-        return tuple(m for m in self.decoding_modes if m != "speculative" or self.draft_model is not None)
+        missing = {"speculative": self.draft_model is None, "feature": self.feature_drafter is None}
+        return tuple(m for m in self.decoding_modes if not missing.get(m, False))
 
     def load_draft_model(self, folder: str) -> None:
         """A LlamaGen pipeline folder whose transformer drafts, or a LlamaGen GPT folder."""

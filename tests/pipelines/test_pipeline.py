@@ -111,8 +111,32 @@ def test_class_conditional_pipeline_with_a_draft_model(tmp_path):
     assert torch.equal(greedy_ar, greedy_spec)
 
 
+def test_a_pipeline_with_a_feature_drafter_saves_loads_and_decodes_exactly(tmp_path):
+    from visualspec.models.feature_drafter import FeatureDraftModel, weights_hash
+
+    pipe = tiny_c2i_pipeline()
+    gpt = pipe.transformer
+    torch.manual_seed(0)
+    net = FeatureDraftModel(feature_size=gpt.config.dim, n_head=2, ffn_hidden=32, max_len=gpt.config.block_size + 8,
+                            target_hash=weights_hash(gpt)).to(gpt.dtype)
+    pipe.register_modules(feature_drafter=net)
+    pipe.save_pretrained(tmp_path)
+    loaded = VisualSpecPipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert isinstance(loaded.feature_drafter, FeatureDraftModel) and "feature" in loaded.available_decodings()
+    greedy_ar = loaded(class_labels=[1, 3], decoding="ar", temperature=0, output_type="latent").images
+    out = loaded([1, 3], decoding="feature", window=3, temperature=0, output_type="latent")
+    assert torch.equal(greedy_ar, out.images) and out.stats.draft_forwards > 0
+    assert len(loaded([1, 3], decoding="feature", window=3, seed=0).images) == 2
+    other = tiny_c2i_pipeline(seed=1)
+    other.register_modules(feature_drafter=net)
+    with pytest.raises(ValueError, match="trained against a target whose weights hash"):
+        other([1], decoding="feature")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(decoding="medusa"), "unknown decoding mode"),
+    (dict(decoding="feature"), "needs a feature_drafter"),
     (dict(window=0), "window"),
     (dict(guidance_scale=-1.0), "guidance_scale"),
     (dict(top_k=-5), "top_k"),

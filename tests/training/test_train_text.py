@@ -44,7 +44,34 @@ def test_tiny_pair_trains_loads_decodes_and_resumes(tiny_pair):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_text_benchmark_runs_every_method_on_a_tiny_pair(tiny_pair):
+@pytest.fixture(scope="module")
+def tiny_drafter(tiny_pair):
+    """A feature drafter trained 3 steps for the tiny pair's target, written into the pair folder."""
+    from visualspec.training.feature_drafter import FeatureDrafterConfig, train_text_feature_drafter
+
+    tmp, out = tiny_pair
+    cfg = FeatureDrafterConfig(context=32, batch=2, steps=3, warmup_steps=1, n_head=2, max_files=24,
+                               checkpoint_seconds=0.0)
+    return train_text_feature_drafter(str(out), str(out / "feature-drafter"), str(tmp / "work-drafter"), cfg,
+                                      progress=False), cfg
+
+
+def test_a_feature_drafter_trains_for_the_target_loads_and_decodes_exactly(tiny_pair, tiny_drafter):
+    from visualspec.models.feature_drafter import FeatureDraftModel, weights_hash
+
+    folder, cfg = tiny_drafter
+    _, out = tiny_pair
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32)
+    net = FeatureDraftModel.from_pretrained(folder, torch_dtype=torch.float32)
+    assert net.config.target_hash == weights_hash(target) and net.config.feature_size == 64
+    plain = generate_text(target, tokenizer, "def f(x):", max_new_tokens=8, temperature=0)
+    spec = generate_text(target, tokenizer, "def f(x):", drafter=net, window=4, max_new_tokens=8, temperature=0)
+    assert plain.token_ids == spec.token_ids and spec.stats.mode == "feature drafter"
+    assert json.loads((folder / "training.json").read_text())["command"] == "visualspec train-drafter"
+
+
+def test_text_benchmark_runs_every_method_on_a_tiny_pair(tiny_pair, tiny_drafter):
     from visualspec.tools.bench_text import multidraft_gap, run_text_benchmark
 
     _, out = tiny_pair
@@ -54,6 +81,7 @@ def test_text_benchmark_runs_every_method_on_a_tiny_pair(tiny_pair):
     for name, row in rows.items():  # every greedy method reproduces generate's output exactly
         assert row["greedy_output_equal"] == "2/2", (name, row)
     assert rows["visualspec draft model"]["target_forwards"] < rows["generate"]["target_forwards"]
+    assert {"visualspec feature drafter", "visualspec feature drafter, compiled"} <= set(rows)
     gap = multidraft_gap(out, positions=2, k=2, top=3, prompt_tokens=16)["mean_acceptance"]
     for rule in ("rsd (without replacement)", "spectr (iid)", "recursive_iid (iid)"):
         optimum = gap["optimal, without replacement" if "without" in rule else "optimal, iid"]

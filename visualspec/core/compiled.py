@@ -160,7 +160,8 @@ class StepCompiler:
         if self.mode != "reduce-overhead":
             return self.compiled(*args)
         torch.compiler.cudagraph_mark_step_begin()
-        return self.compiled(*args).clone()
+        out = self.compiled(*args)
+        return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
     def __call__(self, key: Hashable, *args, compile_new: bool = True):
         """``fn(*args)`` through the graph of bucket ``key``; a new bucket compiles first, announced

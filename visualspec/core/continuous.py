@@ -296,7 +296,7 @@ def decode_continuous(
         else:
             drafts = rows.seq.new_empty(len(rows), 0, target.token_dim)
             q = Gaussian(drafts, torch.ones_like(drafts))
-        tokens, p = run.draw(run.forward_window(drafts), rows.positions(k + 1))
+        tokens, p = run.draw(run.forward_window(drafts)[0], rows.positions(k + 1))
         run.step_done()
         verdict = continuous_verify(drafts, q, p, rows.generator, bonus=tokens[:, k], max_proposals=max_proposals,
                                     flatten=flatten)

@@ -83,6 +83,16 @@ class Drafter:
         """Forward passes of a draft model so far (0 for model-free drafters)."""
         return 0
 
+    #: A drafter that reads the target's features sets this. The engine then asks the target for
+    #: them (``features=True`` on ``prefill``, ``forward_window`` and ``refill``) and hands them
+    #: over: the prompt's through :meth:`prefix_features`, each verified window's as ``observe``'s
+    #: ``features`` (model rows, k+1, D), at positions n-1..n+k-1.
+    wants_features = False
+
+    def prefix_features(self, features: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """The target's features of the prompt (model rows, T, D): of every row after the prefill,
+        of rows ``rows`` after a refill (continuous batching). Only called when ``wants_features``."""
+
 
 class TokenModel(Protocol):
     """What the engine needs from a model that predicts the next token.
@@ -101,7 +111,9 @@ class TokenModel(Protocol):
     def forward_window(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Run tokens (Bm, L): row b at positions start[b]..start[b]+L-1, against the cache (which
         must hold that row's positions < start[b]) and store their keys and values. Returns logits
-        (Bm, L, V); column i predicts position start + i + 1."""
+        (Bm, L, V); column i predicts position start + i + 1. A model that can feed a feature
+        drafter also takes ``features=True`` here and in ``prefill`` / ``refill``, and then returns
+        ``(logits, features)``: the hidden states (Bm, L, D) its output head reads."""
 
     def crop(self, lengths: torch.Tensor) -> None:
         """Keep only positions < lengths[b] of each row b in the cache."""
@@ -197,6 +209,9 @@ def decode(
     tree = siblings > 1 and sibling_depth > 0 and drafter is not None
     if tree and rule is not None and rule is not default_rule(sampling):
         raise ValueError("proactive drafting (siblings > 1) is verified exactly; it takes the lossless rule only")
+    if tree and getattr(drafter, "wants_features", False):
+        raise ValueError(f"{type(drafter).__name__} reads the target's features, which proactive drafting's "
+                         f"trees (siblings > 1) do not hand over; use siblings=1")
     if tree and not hasattr(target, "forward_tree"):
         raise TypeError(f"{type(target).__name__} has no forward_tree(); proactive drafting (siblings > 1) "
                         f"needs a token model with tree attention")
@@ -214,11 +229,13 @@ def decode(
         k, n = drafts.shape[1], rows.n  # a drafter may stop early (never draft more than k)
         tree_step = siblings_now and k > 0
         # verify: one target forward over the window (or the sibling tree), then the rule
+        features = None
         if tree_step:
             verdict, committed, target_probs, path = _sibling_step(run, drafts, draft_probs, siblings,
                                                                    min(sibling_depth, k))
         else:
-            target_probs = run.probs(run.forward_window(drafts), rows.positions(k + 1))
+            logits, features = run.forward_window(drafts)
+            target_probs = run.probs(logits, rows.positions(k + 1))
             verdict, committed = rule(drafts, draft_probs, target_probs, gens), drafts
         run.step_done()
         # commit the accepted drafts and the emitted token; keep the cache and the drafter in step
@@ -229,7 +246,9 @@ def decode(
             run.keep(path, counts)
         else:
             run.crop(n, counts)
-        if drafter is not None:
+        if features is not None:
+            drafter.observe(n, counts, target_probs, gens, features=features)
+        elif drafter is not None:
             drafter.observe(n, counts, target_probs, gens)
         run.finish_rows()
     return run.result()

@@ -156,7 +156,13 @@ class _Run:
                     raise TypeError(f"{type(target).__name__} has no {name}(); continuous batching (Requests) "
                                     f"needs a token model that can replace and drop rows")
             prefix = requests.prefix(list(range(min(requests.slots, requests.count))))
-        out = target.prefill(prefix, num_tokens)
+        self.features = drafter is not None and getattr(drafter, "wants_features", False)
+        if self.features and not hasattr(target, "feature_size"):
+            raise TypeError(f"{type(drafter).__name__} reads the target's features, but {type(target).__name__} "
+                            f"cannot return them (it has no features=True and feature_size)")
+        out = target.prefill(prefix, num_tokens, **self._feature_flag)
+        if self.features:
+            out, prefix_features = out
         rows_in_model = out.shape[0] // sampling.model_rows_per_sample
         total = requests.count if requests is not None else rows_in_model
         if isinstance(generator, (list, tuple)) and len(generator) != total:
@@ -174,8 +180,16 @@ class _Run:
         self._count_first(rows_in_model)
         if drafter is not None:
             drafter.start(rows_in_model, num_tokens, sampling)
+            if self.features:
+                drafter.prefix_features(prefix_features)
         self._report(torch.ones(rows_in_model, dtype=torch.long))
         self.finish_rows()
+
+    @property
+    def _feature_flag(self) -> dict:
+        """The keyword that makes the target return its features too, where the drafter reads them
+        (``wants_features``); none otherwise, so models without features run as they always did."""
+        return {"features": True} if self.features else {}
 
     def first_tokens(self, out: torch.Tensor, generator: Generator) -> torch.Tensor:
         """Token 0 of the rows just prefilled, from the target's output ``out`` for them (logits,
@@ -241,11 +255,14 @@ class _Run:
                                                                 self.target.vocab_size)
         return drafts, draft_probs
 
-    def forward_window(self, drafts: torch.Tensor) -> torch.Tensor:
+    def forward_window(self, drafts: torch.Tensor):
         """One target forward over each row's window ``[x_{n-1}, drafts]`` at positions n-1..:
-        the output (model rows, K+1, ...) at positions n..n+K."""
+        the output (model rows, K+1, ...) at positions n..n+K, and the target's features at
+        positions n-1..n+K-1 (model rows, K+1, D) where the drafter reads them (else None)."""
         rows = self.rows
-        return self.target.forward_window(rows.model(torch.cat([rows.last(), drafts], 1)), rows.model(rows.n - 1))
+        out = self.target.forward_window(rows.model(torch.cat([rows.last(), drafts], 1)), rows.model(rows.n - 1),
+                                         **self._feature_flag)
+        return out if self.features else (out, None)
 
     def step_done(self) -> None:
         """A target forward ran: count it, for every row still decoding."""
@@ -295,13 +312,17 @@ class _Run:
             slots = finished[:waiting]
             ids = list(range(self.next_request, self.next_request + len(slots)))
             self.next_request += len(slots)
-            out = self.target.refill(rows.model_rows(slots), self.requests.prefix(ids))
+            out = self.target.refill(rows.model_rows(slots), self.requests.prefix(ids), **self._feature_flag)
+            if self.features:
+                out, prefix_features = out
             self.stats.target_forwards += 1
             new = torch.tensor(ids, dtype=torch.long, device=rows.req.device)
             rows.start(slots, new, self.first_tokens(out, row_generators(rows.all_generators, ids)))
             self._count_first(len(slots))
             if self.drafter is not None:
                 self.drafter.reset(slots, ids)
+                if self.features:
+                    self.drafter.prefix_features(prefix_features, slots)
             self._report(torch.ones(len(slots), dtype=torch.long))
             done = rows.n >= self.N
         if bool(done.any()):

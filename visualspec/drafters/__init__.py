@@ -9,15 +9,18 @@ Model-free drafters: :class:`NGramDrafter` (prompt lookup, deterministic drafts)
 :class:`StandDrafter` (a stochastic n-gram memory of the target's own distributions). Draft-model
 drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft model whose LM head is
 restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). Continuous tokens:
-:class:`ContinuousDraftModelDrafter` (CSpD's draft model).
+:class:`ContinuousDraftModelDrafter` (CSpD's draft model). Learned from the target:
+:class:`FeatureDrafter` (EAGLE-style drafting from the target's features).
 """
 
 from ..core.engine import Drafter
 from .continuous import ContinuousDraftModelDrafter
+from .feature import FeatureDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
 from .jacobi import INIT_SCHEMES, JacobiDrafter, coupled_redraft
 from .ngram import NGramDrafter
 from .stand import StandDrafter
 
 __all__ = ["Drafter", "JacobiDrafter", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
-           "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter"]
+           "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter",
+           "FeatureDrafter"]

@@ -13,7 +13,10 @@ nothing here re-implements a rule. Drafters:
 - ``"ngram"``: prompt lookup (:class:`visualspec.drafters.NGramDrafter`), deterministic drafts;
 - ``"jacobi"``: Jacobi self-drafting (:class:`visualspec.drafters.JacobiDrafter`);
 - ``"stand"``: stochastic drafts from an n-gram memory of the target's own distributions (STAND,
-  :class:`visualspec.drafters.StandDrafter`).
+  :class:`visualspec.drafters.StandDrafter`);
+- a feature drafter trained for the target (:class:`visualspec.models.feature_drafter.FeatureDraftModel`,
+  ``visualspec train-drafter``): EAGLE-style drafts from the target's own features
+  (:class:`visualspec.drafters.FeatureDrafter`).
 
 ``acceptance="exact"`` is lossless speculative sampling (greedy matching at ``temperature=0``);
 ``"typical"`` is Medusa's typical acceptance (lossy).
@@ -26,14 +29,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 
-from ..drafters import (DraftModelDrafter, JacobiDrafter, NGramDrafter, StandDrafter, VocabTrimDrafter,
-                       frequent_tokens, kept_token_ids)
+from ..drafters import (DraftModelDrafter, FeatureDrafter, JacobiDrafter, NGramDrafter, StandDrafter,
+                        VocabTrimDrafter, frequent_tokens, kept_token_ids)
 from ..core.checks import check_positive_int
 from ..core.compiled import check_compile, compiled_step
 from ..core.engine import decode
+from ..models.feature_drafter import FeatureDraftModel, check_target
 from ..models.hf import HFCausalLM
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
 from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
@@ -99,12 +104,16 @@ def _token_model(model, compile: bool, **kw) -> HFCausalLM:
 
 
 def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draft_vocab=None, eos=None,
-             stop_below=None, compile: bool = False):
+             stop_below=None, compile: bool = False, target: HFCausalLM | None = None):
     if isinstance(drafter, str) and drafter not in DRAFTERS:
-        raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS} or pass a draft model")
-    if (drafter is None or isinstance(drafter, str)) and draft_vocab is not None:
+        if not (Path(drafter) / "config.json").is_file():
+            raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS}, a feature drafter folder "
+                             f"(visualspec train-drafter) or pass a draft model")
+        drafter = FeatureDraftModel.from_pretrained(drafter, torch_dtype=next(model.parameters()).dtype).eval()
+    model_free = drafter is None or isinstance(drafter, (str, FeatureDraftModel))
+    if model_free and draft_vocab is not None:
         raise ValueError(f"draft_vocab trims a draft model's LM head; it needs a draft model, not drafter={drafter!r}")
-    if (drafter is None or isinstance(drafter, str)) and stop_below is not None:
+    if model_free and stop_below is not None:
         raise ValueError(f"draft_stop_below ends a draft model's drafts early; it needs a draft model, "
                          f"not drafter={drafter!r}")
     if drafter is None:
@@ -116,8 +125,12 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         if drafter == "stand":
             return StandDrafter(rows, _vocab_size(model), max_ngram=ngram)
         return JacobiDrafter(_vocab_size(model), "repeat_left")
+    if isinstance(drafter, FeatureDraftModel):
+        check_target(drafter, model, target.feature_size)
+        return FeatureDrafter(drafter, target, prefix)
     if not hasattr(drafter, "get_output_embeddings"):
-        raise TypeError(f"drafter must be a transformers model or one of {DRAFTERS}, not {type(drafter).__name__}")
+        raise TypeError(f"drafter must be a transformers model, a feature drafter or one of {DRAFTERS}, "
+                        f"not {type(drafter).__name__}")
     if _vocab_size(drafter) != _vocab_size(model):
         raise ValueError(f"the draft model's vocabulary ({_vocab_size(drafter)} tokens) differs from the target's "
                          f"({_vocab_size(model)}); draft and target must share one tokenizer")
@@ -140,7 +153,7 @@ def _tree_args(branches, depth, window, multidraft, drafter, acceptance):
         if depth is not None:
             raise ValueError("depth is for draft trees (branches > 1); a chain uses window - 1 drafts")
         return None
-    if drafter is None or (isinstance(drafter, str) and drafter != "stand"):
+    if drafter is None or isinstance(drafter, FeatureDraftModel) or (isinstance(drafter, str) and drafter != "stand"):
         raise ValueError(f"a draft tree (branches={branches}) needs a draft model or drafter='stand', not {drafter!r}")
     if acceptance != "exact":
         raise ValueError("draft trees are verified exactly; acceptance must be 'exact'")
@@ -214,13 +227,15 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     compile = compiled_step(target, compile, lambda r: (prefix[0][:r], prefix[1][:r]), max_new_tokens, rows, rows)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
-                      draft_stop_below, compile)
+                      draft_stop_below, compile, target)
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
     else:
         rule = default_rule(sampling)
     if drafts is None:
         mode = "ar"
+    elif isinstance(drafts, FeatureDrafter):
+        mode = "feature drafter"
     else:
         mode = drafter if isinstance(drafter, str) else "draft model" if draft_vocab is None else "vocabtrim"
     if compile:
@@ -228,9 +243,15 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     generator = make_generator(seed, generator, device=device)
     if compile:  # every window bucket of the decode, before it (announced; once per process)
         windows = range(1, window + 1) if drafts is not None else (1,)
-        target.precompile(prefix, max_new_tokens, windows)
+        target.precompile(prefix, max_new_tokens, windows, features=getattr(drafts, "wants_features", False))
         if isinstance(drafts, DraftModelDrafter):
             drafts.model.precompile(prefix, max_new_tokens, windows)
+        if isinstance(drafts, FeatureDrafter):
+            drafts.model.compile_step()
+            drafts.model.precompile(rows, input_ids.shape[1] + max_new_tokens + 1,
+                                    {drafts.model.pairs_bucket(w) for w in windows})
+    elif isinstance(drafts, FeatureDrafter):
+        drafts.model.compile_step(False)
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)

@@ -70,6 +70,19 @@ def load_pair(folder=None):
     return tokenizer, target, draft
 
 
+FEATURE_DRAFTER = "feature-drafter"  # the pair's optional EAGLE-style drafter folder (train-drafter's output)
+
+
+def load_feature_drafter(folder=None):
+    """The pair's feature drafter (``feature-drafter/``, in float32), or None where it has none."""
+    from ..models.feature_drafter import FeatureDraftModel
+
+    path = pair_folder(folder) / FEATURE_DRAFTER
+    if not (path / "config.json").is_file():
+        return None
+    return FeatureDraftModel.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
 def held_out_prompts(folder, tokenizer, count: int, tokens: int = PROMPT_TOKENS, seed: int = 0) -> list[str]:
     """``count`` prompts of ``tokens`` tokens cut from the pair's held-out standard-library files."""
     import json
@@ -158,7 +171,7 @@ def is_ar(name: str) -> bool:
 
 
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
-            compile: str = "both", quantized=None):
+            compile: str = "both", quantized=None, feature=None, feature_window: int = 4):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -170,6 +183,8 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     drafts as :data:`COMPILED_DRAFT` says: a cheaper target step makes each draft forward dearer.
     ``quantized``: a ``(scheme, model)`` pair, the target with quantised weights, adds its AR and
     STAND rows (eager and compiled, as ``compile`` says), named ``..., SCHEME``.
+    ``feature``: the pair's feature drafter (:func:`load_feature_drafter`), whose rows draft
+    ``feature_window - 1`` tokens a step.
     """
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
@@ -199,6 +214,9 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         "visualspec n-gram, compiled": ours(drafter="ngram", window=window, compile=True),
         "visualspec STAND, compiled": ours(drafter="stand", window=window, compile=True),
     }
+    if feature is not None:
+        eager["visualspec feature drafter"] = ours(drafter=feature, window=feature_window)
+        compiled["visualspec feature drafter, compiled"] = ours(drafter=feature, window=feature_window, compile=True)
     table = {"generate": lambda p, n: _hf_generate(target, tokenizer, p, n)}
     table.update(eager if compile != "on" else {})
     table.update(compiled if compile != "off" else {})
@@ -217,7 +235,7 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
 def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: int = 6, threads: int | None = None,
                        only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
                        stop_below: float = 0.2, compile: str = "both", quantize: str | None = None,
-                       progress: bool = False) -> dict:
+                       progress: bool = False, feature_window: int = 4, seed: int = 0) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
     fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers',
     quantised with ``quantize`` where those rows are asked for and win).
@@ -229,17 +247,19 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         torch.set_num_threads(threads)
     folder = pair_folder(folder)
     tokenizer, target, draft = load_pair(folder)
-    texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens)
+    texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens, seed=seed)
     check_quantize(quantize)
     quantized = None
     if quantize is not None:
         quantized = (quantize, copy.deepcopy(target))
         quantize_model(quantized[1], quantize)
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
-                    draft_window, stop_below, compile, quantized)
+                    draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window)
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
-    counter = ForwardCounter(target, *([quantized[1]] if quantized else []))
+    # the base model: every target forward runs it, whether through the LM class or (to return
+    # features, for the feature drafter) around it
+    counter = ForwardCounter(target.base_model, *([quantized[1].base_model] if quantized else []))
     rows = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in table}
     outputs, first_call = {}, {}
     bar = tqdm(total=len(table) * (1 + len(texts)), desc="bench-text (first calls, then prompts)",
@@ -277,7 +297,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         ours = results.get(name)
         return round(ours["speedup_vs_generate"] / assisted["speedup_vs_generate"], 3) if ours and assisted else None
     return {
-        "prompts": len(texts), "new_tokens": new_tokens, "window": window, "draft_window": draft_window,
+        "prompts": len(texts), "seed": seed, "new_tokens": new_tokens, "window": window, "draft_window": draft_window,
+        "feature_window": feature_window,
         "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar, "results": results,
         "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),
         "compiled_draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model, compiled"),

@@ -104,7 +104,7 @@ def add_image_options(p, decoding: bool = True) -> None:
                         "folder, or its GPT folder)")
     if decoding:
         p.add_argument("--decoding", default=None,
-                       help="the pipeline's decodings (LlamaGen: sjd, ar, lantern, gsd, speculative; unified: sjd, "
+                       help="the pipeline's decodings (LlamaGen: sjd, ar, lantern, gsd, speculative, feature; unified: sjd, "
                             "ar, lantern; continuous tokens: ar, cspd; MAR: ar); default: the model's own")
     for name, kind, text in IMAGE_OPTIONS:
         p.add_argument(flag(name), dest=name, type=kind, default=None, help=text,

@@ -21,6 +21,12 @@ def register(sub, common) -> None:
                     help="eager rows, compiled rows (static cache, torch.compile; ours and transformers'), or both")
     bt.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                     help="also AR and STAND rows on the target with quantised weights (torchao)")
+    bt.add_argument("--feature-window", type=count_arg, default=4,
+                    help="the feature drafter's window (drafts + 1), where the pair has one (feature-drafter/); "
+                         "4 was chosen on prompts of --seed 1 (docs/experiments/2026-11-27-feature-drafter-text.md)")
+    bt.add_argument("--seed", type=int, default=0,
+                    help="which held-out prompts (0: the reported tables'; choices are made on others)")
+    bt.add_argument("--only", nargs="+", help="run only these rows (and generate, the reference)")
     bt.add_argument("--multidraft-gap", action="store_true", help="also the multi-draft verifiers vs the optimum")
     bt.add_argument("--json", help="write the results here")
     bt.set_defaults(func=run)
@@ -36,7 +42,8 @@ def run(args) -> int:
         check_output_file(args.json, "--json")
     result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
                                 draft_window=args.draft_window, stop_below=args.draft_stop_below,
-                                compile=args.compile, quantize=args.quantize, progress=True)
+                                compile=args.compile, quantize=args.quantize, progress=True,
+                                feature_window=args.feature_window, seed=args.seed, only=args.only)
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)
     text = json.dumps(result, indent=1)

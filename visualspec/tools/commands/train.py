@@ -26,6 +26,16 @@ def register(sub, common) -> None:
                         "the encoder trains with the GPT)")
     t.set_defaults(func=checked(train_shapes))
 
+    t = sub.add_parser("train-drafter", parents=[common],
+                       help="train an EAGLE-style feature drafter for a text pair's target or a shapes pipeline (#50)")
+    t.add_argument("--pair", default=None, help="the text pair folder (default: the shipped assets/text-pair)")
+    t.add_argument("--model", default=None,
+                   help="a shapes-world LlamaGen pipeline folder to train for instead (e.g. assets/shapes-t2i)")
+    t.add_argument("--out", required=True, help="folder to write (e.g. assets/text-pair/feature-drafter)")
+    t.add_argument("--work-dir", default=str(home() / "train-drafter"), help="checkpoints; rerun to resume")
+    t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipe: 1500)")
+    t.set_defaults(func=checked(train_drafter))
+
     for name, func, what, out, seeded in (
             ("train-continuous", train_continuous, "train a continuous-token target and draft on the shapes world "
              "(CSpD)", "pipeline folder to write (target, draft, KL autoencoder, text encoder)", True),
@@ -102,6 +112,20 @@ def train_arena(args) -> int:
         raise ValueError(f"--from {args.start_from}: not a pipeline folder (no model_index.json)")
     train(args.out, args.work_dir, start_from=args.start_from)
     print(args.out)
+    return 0
+
+
+def train_drafter(args) -> int:
+    from ...training.feature_drafter import (FeatureDrafterConfig, ImageFeatureDrafterConfig, train_image_feature_drafter,
+                                             train_text_feature_drafter)
+
+    if args.pair is not None and args.model is not None:
+        raise ValueError("train-drafter trains for a text pair (--pair) or an image pipeline (--model), not both")
+    overrides = {k: getattr(args, k) for k in ("steps",) if getattr(args, k) is not None}
+    if args.model is not None:
+        train_image_feature_drafter(args.model, args.out, args.work_dir, ImageFeatureDrafterConfig(**overrides))
+    else:
+        train_text_feature_drafter(args.pair, args.out, args.work_dir, FeatureDrafterConfig(**overrides))
     return 0
 
 

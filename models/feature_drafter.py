@@ -1,0 +1,163 @@
+"""An EAGLE-style feature drafter: one decoder layer that predicts the target's next feature.
+
+The target's feature f_c at column c is its last hidden state there (what its LM head reads to
+predict token c + 1). The drafter reads, at column c, the target's embedding of token x_c beside
+the feature of the column before, f_{c-1} (EAGLE, Li et al. 2024: the feature carries what the
+target knows; the token says which of its possible continuations was taken), fuses them with one
+linear layer and runs one pre-norm decoder layer (attention over the columns before, a SwiGLU MLP).
+Its output g_c is a predicted f_c, and the target's own (frozen) LM head on g_c gives the draft
+distribution of token c + 1. Drafting several tokens feeds g_c back in as the next column's
+feature (feature-level autoregression). The target's embedding and head are not part of this
+model: they are read from the target (:class:`visualspec.drafters.FeatureDrafter`).
+
+``forward`` is the training pass over whole sequences (causal); ``reset`` / ``step`` decode with a
+key-value cache of fixed size, rows at their own columns (ragged), with columns that a row may not
+attend (a left-padded prompt) masked out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+
+from ..core.compiled import dense, fixed_address, step_compiler
+from .hf import window_bucket
+from .llamagen import TransformerBlock, rotary
+from .rotary import rope_1d
+
+COMPILED_WINDOWS = 16  # the longest window the compiled step takes (in power-of-two buckets)
+
+
+class FeatureDraftModel(ModelMixin, ConfigMixin):
+    """One fused input layer and one decoder layer over (token embedding, target feature) pairs.
+
+    ``feature_size`` is the target's hidden width D (its embedding width too); ``target_hash``
+    names the target the drafter was trained against (its weights' hash), so that a drafter is not
+    used with another target by mistake.
+    """
+
+    @register_to_config
+    def __init__(self, feature_size: int = 256, n_head: int = 4, ffn_hidden: int = 768, max_len: int = 4096,
+                 rope_base: float = 10000.0, norm_eps: float = 1e-6, target_hash: str = ""):
+        super().__init__()
+        if feature_size % n_head:
+            raise ValueError(f"feature_size {feature_size} must be a multiple of n_head {n_head}")
+        self.fc = nn.Linear(2 * feature_size, feature_size)
+        self.layer = TransformerBlock(feature_size, n_head, n_head, ffn_hidden, norm_eps)
+        self.register_buffer("rope", rope_1d(max_len, feature_size // n_head, rope_base), persistent=False)
+        self._cache = None
+        self._compiler, self._compiled = None, False
+
+    def forward(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Training: the pairs (B, L, D) each of columns 0..L-1 (``features`` already shifted: the
+        feature at column c is the target's f_{c-1}) -> predicted features (B, L, D), causally."""
+        x = self.fc(torch.cat([embeddings, features], -1))
+        return self.layer(x, rotary(self.rope[:x.shape[1]], x.dtype), None)
+
+    def reset(self, rows: int, columns: int, valid: torch.Tensor | None = None) -> None:
+        """An empty cache of ``columns`` columns for ``rows`` rows; ``valid`` (rows, <= columns) bool
+        marks the first columns a row may attend (the rest may all be attended once written)."""
+        if columns > self.rope.shape[0]:
+            raise ValueError(f"the feature drafter decodes at most {self.rope.shape[0]} columns (max_len), "
+                             f"asked for {columns}")
+        attention = self.layer.attention
+        shape = (rows, attention.n_kv_head, columns, attention.head_dim)
+        weight = self.fc.weight
+        self._cache = tuple(fixed_address(torch.zeros(shape, dtype=weight.dtype, device=weight.device)) for _ in "kv")
+        self._valid = torch.ones(rows, columns, dtype=torch.bool, device=weight.device)
+        if valid is not None:
+            self._valid[:, :valid.shape[1]] = valid
+
+    def step(self, embeddings: torch.Tensor, features: torch.Tensor, columns: torch.Tensor,
+             compiled: bool = True, compile_new: bool = False) -> torch.Tensor:
+        """Decoding: pairs (B, L, D) at ``columns`` (B, L) of the cache (written there) -> predicted
+        features (B, L, D); column c attends the row's valid columns up to c. Through the compiled
+        graph of its shape where :meth:`compile_step` was called (and ``compiled``) and that shape
+        was compiled before (:meth:`precompile`; ``compile_new``: compile it now); other shapes (rows
+        left after some finished) run eagerly, so nothing compiles mid-decode."""
+        if self._cache is None:
+            raise RuntimeError("call reset() before step()")
+        B, L = columns.shape
+        if self._compiled and compiled and L <= COMPILED_WINDOWS:
+            cache = self._cache[0]
+            key = (B, L, cache.shape[2], cache.dtype, cache.device, torch.is_grad_enabled())
+            return self._compiler(key, dense(embeddings), dense(features), dense(columns), compile_new=compile_new)
+        return self._step(embeddings, features, columns)
+
+    def _step(self, embeddings: torch.Tensor, features: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        S = self._valid.shape[1]
+        columns = columns.clamp(max=S - 1)
+        key = torch.arange(S, device=columns.device)
+        allowed = (key <= columns[:, :, None]) & self._valid[:, None, :]
+        allowed |= key == columns[:, :, None]
+        x = self.fc(torch.cat([embeddings, features], -1))
+        return self.layer(x, rotary(self.rope[columns], x.dtype), allowed[:, None], (*self._cache, None), columns)
+
+    def pairs_bucket(self, pairs: int) -> int:
+        """How many pairs a step of ``pairs`` should feed (repeating the last one): its compiled
+        bucket (a power of two) when the step is compiled, else ``pairs``."""
+        return window_bucket(pairs) if self._compiled and pairs <= COMPILED_WINDOWS else pairs
+
+    def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
+        """Run :meth:`step` through ``torch.compile``, one graph per shape (rows, pairs, cache
+        columns), each compiled once (:meth:`precompile` before a decode); ``enabled=False``: eager."""
+        if enabled:
+            self._compiler = step_compiler(self._compiler, self._step, "the feature drafter's step",
+                                           _describe_bucket, mode, self.fc.weight.device)
+        self._compiled = bool(enabled)
+
+    @torch.no_grad()
+    def precompile(self, rows: int, columns: int, lengths) -> None:
+        """Compile the steps of ``rows`` rows over a cache of ``columns`` columns that feed each of
+        ``lengths`` pairs at once; leaves an empty cache (reset before decoding)."""
+        D = self.config.feature_size
+        self.reset(rows, columns)
+        for L in sorted(set(lengths)):
+            x = self.fc.weight.new_zeros(rows, L, D)
+            self.step(x, x, torch.arange(L, device=x.device).expand(rows, L), compile_new=True)
+        self.reset(rows, columns)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep cache rows ``rows`` (in that order)."""
+        self._cache = tuple(fixed_address(c[rows]) for c in self._cache)
+        self._valid = self._valid[rows]
+
+    def clear_rows(self, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Empty cache rows ``rows`` for new sequences (``valid`` as in :meth:`reset`, for those rows)."""
+        for c in self._cache:
+            c[rows] = 0
+        self._valid[rows] = True
+        if valid is not None:
+            self._valid[rows, :valid.shape[1]] = valid
+
+
+def _describe_bucket(key) -> str:
+    rows, pairs, columns, *_ = key
+    return f"{rows} rows, {pairs} pairs, a {columns}-column cache"
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """The first 16 hex digits of the SHA-256 of a model's state (names and float32 values, in name
+    order): what a drafter records of the target it was trained against."""
+    digest = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(p.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_target(drafter: FeatureDraftModel, target_model: torch.nn.Module, feature_size: int) -> None:
+    """A drafter must read features of its width and should have been trained against this target
+    (its ``target_hash``, when recorded): a mismatch is an error that names both."""
+    if drafter.config.feature_size != feature_size:
+        raise ValueError(f"the feature drafter reads features of width {drafter.config.feature_size}, but the "
+                         f"target's are {feature_size} wide: it was trained for another target")
+    recorded = drafter.config.target_hash
+    if recorded and recorded != weights_hash(target_model):
+        raise ValueError(f"the feature drafter was trained against a target whose weights hash to {recorded}; "
+                         f"this target's hash to {weights_hash(target_model)}. Train one for it "
+                         f"(visualspec train-drafter)")

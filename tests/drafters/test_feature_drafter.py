@@ -1,0 +1,224 @@
+"""Features through the engine and the EAGLE-style feature drafter (#50): the target returns the
+hidden states its head reads, the drafter gets them at the right positions (greedy output equal to
+AR on ragged rows, with and without continuous batching, eager and static), and the drafts it
+samples keep decoding lossless (chi-square against the exact law, with a control that must fail)."""
+
+import pytest
+import torch
+
+from conftest import tiny_hf
+from drafters.harness import PROMPT, N, V
+from visualspec.core.engine import Requests, decode
+from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
+from visualspec.core.sampling import SamplingConfig
+from visualspec.drafters import FeatureDrafter
+from visualspec.models.feature_drafter import FeatureDraftModel
+from visualspec.models.hf import HFCausalLM
+
+
+def drafter_net(target: HFCausalLM, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    net = FeatureDraftModel(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128)
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return net.to(dtype).eval()
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_features_are_what_the_head_reads_and_change_no_logit(static):
+    target = HFCausalLM(tiny_hf("llama"), static=static)
+    prompt = torch.tensor([[3, 5, 7, 9]])
+    plain = target.prefill(prompt, 8)
+    window = torch.tensor([[11, 12, 13]])
+    expected = target.forward_window(window, 0)
+    logits, features = target.prefill(prompt, 8, features=True)
+    assert features.shape == (1, 4, target.feature_size)
+    torch.testing.assert_close(logits, plain)
+    torch.testing.assert_close(target.head(features[:, -1:])[:, 0], plain)
+    got, features = target.forward_window(window, 0, features=True)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(target.head(features), expected)
+
+
+def ragged_prompts():
+    ids = torch.tensor([[0, 0, 4, 5, 6], [7, 8, 9, 10, 11], [0, 0, 0, 12, 13]])
+    return ids, (ids != 0).long()
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_greedy_output_equals_ar_on_ragged_rows(static):
+    target = HFCausalLM(tiny_hf("llama"), static=static)
+    prefix = ragged_prompts()
+    greedy = SamplingConfig(temperature=0.0)
+    ar, _ = decode(target, prefix, 12, greedy)
+    drafter = FeatureDrafter(drafter_net(target), target, prefix)
+    out, stats = decode(target, prefix, 12, greedy, drafter=drafter, window=4)
+    assert torch.equal(out, ar)
+    assert stats.target_forwards < 12 * 3 and drafter.forwards > 0
+
+
+def test_greedy_output_equals_ar_with_continuous_batching():
+    target = HFCausalLM(tiny_hf("llama"))
+    ids, mask = ragged_prompts()
+    ids, mask = torch.cat([ids, ids.flip(0)]), torch.cat([mask, mask.flip(0)])
+    greedy = SamplingConfig(temperature=0.0)
+    ar, _ = decode(target, (ids, mask), 10, greedy)
+    requests = Requests(count=6, prefix=lambda r: (ids[r], mask[r]), slots=2)
+    drafter = FeatureDrafter(drafter_net(target), target, lambda r: (ids[r], mask[r]))
+    out, _ = decode(target, requests, 10, greedy, drafter=drafter, window=3)
+    assert torch.equal(out, ar)
+
+
+def test_the_drafter_gets_each_positions_own_features_and_a_shifted_control_fails():
+    """The features reach the drafter at their positions: a drafter network that returns its input
+    feature drafts exactly the target's own prediction of the position before (a stale Jacobi
+    draft). The control hands it each window's features one position off: its drafts then differ."""
+    target = HFCausalLM(tiny_hf("llama", seed=3))  # a greedy path of varied tokens
+
+    class Copy(FeatureDraftModel):
+        def step(self, embeddings, features, columns, compiled=True):
+            super().step(embeddings, features, columns, compiled)
+            return features
+
+    net = Copy(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128).double()
+    prefix = torch.tensor([[3, 5, 7, 9]])
+    greedy = SamplingConfig(temperature=0.0)
+    ar, _ = decode(target, prefix, 16, greedy)
+    drafter = FeatureDrafter(net, target, prefix)
+    drafts = []
+    real = drafter.propose
+    drafter.propose = lambda tokens, n, k, g=None: drafts.append((n.clone(), real(tokens, n, k, g)[0])) or drafts[-1][1:] + (None,)
+    decode(target, prefix, 16, greedy, drafter=drafter, window=2)
+    # the draft for position n is the target's greedy token after x_{n-2}: the token at n-1 (AR's)
+    stale = [int(d[0, 0]) == int(ar[0, int(n[0]) - 1]) for n, d in drafts if int(n[0]) >= 2]
+    assert stale and all(stale)
+
+    class Shifted(FeatureDrafter):  # the control: each window's features one position off (early)
+        def observe(self, n, committed, target_probs, generator=None, features=None):
+            super().observe(n, committed, target_probs, generator, torch.cat([features[:, 1:], features[:, -1:]], 1))
+
+    drafts.clear()
+    shifted = Shifted(net, target, prefix)
+    real = shifted.propose
+    shifted.propose = lambda tokens, n, k, g=None: drafts.append((n.clone(), real(tokens, n, k, g)[0])) or drafts[-1][1:] + (None,)
+    out, _ = decode(target, prefix, 16, greedy, drafter=shifted, window=2)
+    assert torch.equal(out, ar)  # still lossless
+    stale = [int(d[0, 0]) == int(ar[0, int(n[0]) - 1]) for n, d in drafts if int(n[0]) >= 2]
+    assert not all(stale)
+
+
+V_SEQ = dict(temperature=0.8, top_k=3)
+
+
+def test_feature_drafts_are_lossless():
+    """20,000 sequences of 4 tokens in batches of 64 rows, window 3; chi-square against the exact
+    law, bound from the sample size. The control draws the same drafts but reports a uniform law
+    for them: the rule then accepts and resamples against the wrong q, and the fit must fail."""
+    target = HFCausalLM(tiny_hf("llama", vocab_size=V))
+    net = drafter_net(target, seed=3)
+
+    def make_prefix(rows):
+        return torch.tensor([PROMPT]).expand(rows, len(PROMPT))
+
+    class WrongLaw(FeatureDrafter):
+        def propose(self, tokens, n, k, generator=None):
+            drafts, q = super().propose(tokens, n, k, generator)
+            return drafts, torch.full_like(q, 1 / q.shape[-1])
+
+    sampling = SamplingConfig(**V_SEQ)
+    seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
+    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=64, window=3,
+                             drafter_factory=lambda rows: FeatureDrafter(net, target, make_prefix(rows)))
+    fit = chi_square_fit(drawn, seqs, probs)
+    assert fit.passed, fit
+    control = sample_sequences(target, make_prefix, N, sampling, 20000, batch=64, window=3,
+                               drafter_factory=lambda rows: WrongLaw(net, target, make_prefix(rows)))
+    assert not chi_square_fit(control, seqs, probs).passed
+
+
+def test_a_target_without_features_is_named():
+    from conftest import tiny_llamagen
+
+    class NoFeatures:  # a token model that only gives logits
+        vocab_size = 16
+
+        def __init__(self):
+            self.model = tiny_llamagen(vocab_size=16, block_size=16)
+
+        def prefill(self, prefix, n):
+            return self.model.prefill(prefix, n)
+
+    net = drafter_net(HFCausalLM(tiny_hf("llama")))
+    with pytest.raises(TypeError, match="reads the target's features, but NoFeatures cannot return them"):
+        decode(NoFeatures(), torch.tensor([0]), 4, SamplingConfig(), drafter=FeatureDrafter(net, None), window=2)
+
+
+def test_generate_text_loads_a_feature_drafter_folder(tokenizer, tmp_path):
+    from visualspec.text import generate_text
+
+    model = tiny_hf("llama", vocab_size=64)
+    drafter_net(HFCausalLM(model)).save_pretrained(tmp_path / "drafter")
+    out = generate_text(model, tokenizer, "w1 w2", drafter=str(tmp_path / "drafter"), window=3, max_new_tokens=6,
+                        temperature=0)
+    assert out.stats.mode == "feature drafter"
+    with pytest.raises(ValueError, match="unknown drafter 'eagle'.*a feature drafter folder"):
+        generate_text(model, tokenizer, "w1", drafter="eagle", max_new_tokens=4)
+
+
+def test_proactive_trees_refuse_a_feature_drafter():
+    target = HFCausalLM(tiny_hf("llama"))
+    prefix = torch.tensor([[3, 5]])
+    with pytest.raises(ValueError, match="reads the target's features.*siblings=1"):
+        decode(target, prefix, 4, SamplingConfig(), drafter=FeatureDrafter(drafter_net(target), target, prefix),
+               window=3, siblings=2)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_generate_text_takes_a_feature_drafter(compile, tokenizer):
+    from conftest import generate_reference
+    from visualspec.text import generate_text
+
+    model = tiny_hf("llama", vocab_size=64)
+    net = drafter_net(HFCausalLM(model))
+    out = generate_text(model, tokenizer, ["w1 w2 w3", "w4"], drafter=net, window=4, max_new_tokens=10,
+                        temperature=0, compile=compile)
+    assert out.stats.mode == "feature drafter" + ("+compiled" if compile else "")
+    for prompt, ids in zip(["w1 w2 w3", "w4"], out.token_ids):
+        assert ids == generate_reference(model, tokenizer, prompt, 10)[:len(ids)]
+
+
+def test_a_feature_drafter_for_another_target_is_refused(tokenizer):
+    from visualspec.text import generate_text
+
+    model = tiny_hf("llama", vocab_size=64)
+    net = FeatureDraftModel(feature_size=32, n_head=4, ffn_hidden=64, max_len=128, target_hash="0123456789abcdef")
+    with pytest.raises(ValueError, match="trained against a target whose weights hash to 0123456789abcdef"):
+        generate_text(model, tokenizer, "w1", drafter=net, max_new_tokens=4)
+    wide = FeatureDraftModel(feature_size=64, n_head=4, ffn_hidden=64, max_len=128)
+    with pytest.raises(ValueError, match="features of width 64, but the target's are 32 wide"):
+        generate_text(model, tokenizer, "w1", drafter=wide, max_new_tokens=4)
+    with pytest.raises(ValueError, match="draft tree .* needs a draft model"):
+        generate_text(model, tokenizer, "w1", drafter=wide, branches=2, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_image_model_feeds_a_feature_drafter_under_guidance(compiled):
+    """LlamaGen's GPT returns its features too (eager and compiled); the drafter starts from the
+    condition's last feature (an image prefix is not tokens), on [cond; uncond] model rows; greedy
+    output equals AR's."""
+    from conftest import tiny_llamagen
+
+    target = tiny_llamagen(vocab_size=16, block_size=16, dim=32, std=0.1)
+    labels = torch.tensor([0, 1, 3, 3])  # two rows, then their unconditional twins
+    sampling = SamplingConfig(temperature=0.0, guidance_scale=2.0)
+    if compiled:
+        target.compile_step()
+        target.precompile(labels, 16, [1, 3], features=True)
+        target.precompile(labels, 16, [1])
+    ar, _ = decode(target, labels, 16, sampling)
+    with torch.no_grad():
+        logits, features = target.prefill(labels, 16, features=True)
+    torch.testing.assert_close(target.head(features[:, -1]), logits)
+    net = drafter_net(target)
+    out, _ = decode(target, labels, 16, sampling, drafter=FeatureDrafter(net, target), window=3)
+    assert torch.equal(out, ar)

@@ -1,0 +1,154 @@
+"""Drafting from the target's own features (EAGLE-style), with a trained feature drafter.
+
+The engine hands a drafter that sets ``wants_features`` the target's features: those of the prompt
+after the prefill (:meth:`FeatureDrafter.prefix_features`) and those of every verified window
+(``observe(..., features=...)``); it computes none when no drafter asks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.engine import Drafter
+from ..core.rows import per_row
+
+
+class FeatureDrafter(Drafter):
+    """Drafts with a feature drafter network (:class:`visualspec.models.feature_drafter.FeatureDraftModel`)
+    that reads the target's features, its token embeddings and its LM head.
+
+    ``target`` gives ``embed_tokens(ids)`` and ``head(features)`` (the frozen embedding and head;
+    :class:`visualspec.models.hf.HFCausalLM` has both). ``prefix`` is the prompt's token ids (B, T)
+    or ``(ids, attention_mask)``, as the target got it: the drafter then reads the prompt's
+    (token, feature) pairs too. Without it (an image model's prefix is a condition, not tokens) it
+    starts from the prompt's last feature alone.
+
+    State, per model row (twice the rows under guidance): ``real[g + 1]`` is the target's feature at
+    generated position g (``real[0]``: the prompt's last), kept from the verified windows;
+    ``consumed`` is the first generated position whose cache column the drafter has not yet
+    written from real features. A proposal first writes positions consumed..n-1 from real features
+    (the last of them predicts position n), then drafts k tokens, each step feeding back the
+    feature it predicted (feature-level autoregression). Each draft is drawn from q, the sampling's
+    distribution of the target's head on the predicted feature (guidance, temperature, top-k, top-p
+    alike), and q is returned, so the exact rule keeps decoding lossless.
+    """
+
+    wants_features = True
+
+    def __init__(self, model, target, prefix=None):
+        self.model, self.target, self.prefix = model, target, prefix
+        self._forwards = 0
+
+    @property
+    def forwards(self):
+        return self._forwards
+
+    def start(self, batch_size, num_tokens, sampling):
+        self.sampling, self.batch_size, self.N = sampling, batch_size, num_tokens
+        self._forwards = 0
+        self.real = None
+
+    def _prompt(self, requests=None):
+        prefix = self.prefix(requests) if callable(self.prefix) else self.prefix
+        if prefix is None:
+            return None, None
+        ids, mask = prefix if isinstance(prefix, (tuple, list)) else (prefix, None)
+        valid = (torch.ones_like(ids) if mask is None else mask).bool()
+        # column c holds the pair (x_c, f_{c-1}): it exists where both columns are real prompt tokens
+        return ids, torch.nn.functional.pad(valid[:, 1:] & valid[:, :-1], (1, 0))
+
+    def prefix_features(self, features: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """The target's features (model rows, T, D) of the prompt of sample rows ``rows`` (all rows,
+        after the prefill; the refilled ones, with continuous batching)."""
+        ids, valid = self._prompt(list(range(self.batch_size)) if rows is None else self._requests)
+        width = 0 if ids is None else ids.shape[1]
+        if rows is None:
+            if self.model.fc.weight.dtype != features.dtype:  # it runs in its target's dtype (one saved in float16)
+                self.model.to(features.dtype)
+            Bm = features.shape[0]
+            self.P = width
+            self.real = features.new_zeros(Bm, self.N + 2, features.shape[-1])
+            self.consumed = torch.zeros(Bm, dtype=torch.long, device=features.device)
+            self.model.reset(Bm, self.P + self.N + 1, valid)
+            model_rows = torch.arange(Bm, device=features.device)
+        else:
+            if width > self.P:
+                raise ValueError(f"a new prompt of {width} tokens is longer than the {self.P} the feature drafter "
+                                 f"started with; decode such prompts in separate calls")
+            model_rows = self.sampling.model_rows(rows, self.batch_size)
+            if valid is not None:
+                valid = torch.nn.functional.pad(valid, (self.P - width, 0))
+                ids = torch.nn.functional.pad(ids, (self.P - width, 0))
+                features = torch.nn.functional.pad(features, (0, 0, self.P - width, 0))
+            self.model.clear_rows(model_rows, valid)
+            self.consumed[model_rows] = 0
+            self.real[model_rows] = 0
+        self.real[model_rows, 0] = features[:, -1]
+        if width > 1:  # the prompt's pairs (x_c, f_{c-1}), c = 1..T-1
+            columns = torch.arange(1, self.P, device=features.device).expand(len(model_rows), -1)
+            self._step(ids[:, 1:].to(features.device), features[:, :-1], columns, model_rows, compiled=False)
+
+    def _step(self, tokens, features, columns, rows=None, compiled=True):
+        """One drafter forward over (token, feature) pairs at cache columns ``columns`` (all rows, or
+        cache rows ``rows`` when they are a subset, eagerly); ``compiled=False``: eagerly (shapes
+        that come once, as a prompt's)."""
+        self._forwards += 1
+        emb = self.target.embed_tokens(tokens).to(self.model.fc.weight.dtype)
+        feats = features.to(emb.dtype)
+        if rows is None or len(rows) == self.real.shape[0]:
+            return self.model.step(emb, feats, columns, compiled=compiled)
+        saved = self.model._cache, self.model._valid
+        self.model.select(rows)
+        out = self.model.step(emb, feats, columns, compiled=False)
+        for full, part in zip(saved[0], self.model._cache):
+            full[rows] = part
+        self.model._cache, self.model._valid = saved
+        return out
+
+    def _draw(self, features, generator):
+        """Drafts (B,) and their law q (B, V) from predicted features (model rows, D)."""
+        q = self.sampling.probs(self.target.head(features[:, None].to(self.real.dtype))[:, 0])
+        return self.sampling.draw(q, generator), q
+
+    def propose(self, tokens, n, k, generator=None):
+        B = tokens.shape[0]
+        n = per_row(n, B, tokens.device)
+        drafts = tokens.new_empty(B, k)
+        if k == 0:
+            return drafts, None
+        nm, consumed = self.sampling.model_batch(n), self.consumed
+        # positions consumed..n-1 from real features; the output at n-1 predicts position n
+        need = self.model.pairs_bucket(int((nm - consumed).max()))  # the last pair repeats to fill a bucket
+        g = (consumed[:, None] + torch.arange(need, device=n.device)).minimum(nm[:, None] - 1)
+        seq = self.sampling.model_batch(tokens).gather(1, g)
+        out = self._step(seq, self.real.gather(1, g[..., None].expand(-1, -1, self.real.shape[-1])), self.P + g)
+        last = out.gather(1, (nm - 1 - consumed)[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
+        self.consumed = nm
+        probs = []
+        for j in range(k):
+            drafts[:, j], q = self._draw(last, generator)
+            probs.append(q)
+            if j + 1 < k:  # the drafted token at position n+j, with the feature predicted for n+j-1
+                column = (self.P + nm + j)[:, None]
+                last = self._step(self.sampling.model_batch(drafts[:, j:j + 1]), last[:, None], column)[:, 0]
+        return drafts, torch.stack(probs, 1)
+
+    def observe(self, n, committed, target_probs, generator=None, features=None):
+        """Keep the window's real features (model rows, k+1, D) at positions n-1..n+k-1."""
+        if features is None or self.real is None:
+            return
+        nm = self.sampling.model_batch(per_row(n, self.batch_size, features.device))
+        at = (nm[:, None] + torch.arange(features.shape[1], device=nm.device)).clamp(max=self.real.shape[1] - 1)
+        self.real.scatter_(1, at[..., None].expand(-1, -1, features.shape[-1]), features.to(self.real.dtype))
+
+    def select(self, rows):
+        model_rows = self.sampling.model_rows(rows, self.batch_size)
+        self.model.select(model_rows)
+        self.real, self.consumed = self.real[model_rows], self.consumed[model_rows]
+        self.batch_size = len(rows)
+
+    def reset(self, rows, requests):
+        if self.prefix is not None and not callable(self.prefix):
+            raise ValueError("continuous batching with a feature drafter needs the prompt as a function of the "
+                             "request indices")
+        self._requests = requests  # prefix_features() reads these rows' prompts next

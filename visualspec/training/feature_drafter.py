@@ -1,0 +1,197 @@
+"""Train an EAGLE-style feature drafter for a text target (#50).
+
+    visualspec train-drafter --pair assets/text-pair --out assets/text-pair/feature-drafter
+
+The target stays frozen. On random 256-token windows of the target's own training stream (the
+standard library's training files, as ``train-text`` encodes them), the target gives its feature
+f_c (last hidden state) and its distribution p_c = softmax(head(f_c)) at every column. The drafter
+(:class:`visualspec.models.feature_drafter.FeatureDraftModel`) reads (embedding of x_c, f_{c-1})
+and predicts g_c; its loss at each column is EAGLE's: a smooth-L1 regression of g_c on f_c plus
+``kl_weight`` x the KL divergence KL(p_c || softmax(head(g_c))), here against the target's whole
+distribution (distillation, as DistillSpec argues, rather than the sampled token).
+
+**Its own features (training-time test).** When it drafts several tokens, the drafter reads
+back features it predicted, not the target's. So each step also runs ``unroll`` more passes in
+which every column's input feature is the previous pass's prediction for the column before (EAGLE-3's
+idea, simplified: a whole pass at a time), with the same loss against the target. Without this
+the second and later drafts see inputs unlike any seen in training.
+
+The drafter is saved with a hash of the target's weights (``target_hash``), so a drafter is not
+loaded against another target by mistake.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .common import claim_work_dir, optimizer_step, run_stage, training_autocast, write_training_record
+
+
+@dataclass
+class DrafterRecipe:
+    """What every feature drafter recipe sets."""
+
+    seed: int = 0
+    batch: int = 16
+    steps: int = 1500
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    n_head: int = 4
+    ffn_multiple: int = 3  # the MLP is this many times the feature width
+    kl_weight: float = 1.0
+    unroll: int = 1  # extra passes on the drafter's own predicted features
+    checkpoint_seconds: float = 300.0
+
+
+@dataclass
+class FeatureDrafterConfig(DrafterRecipe):
+    """The text recipe."""
+
+    context: int = 256
+    max_files: int = 0  # 0: every training file of the pair (tests use a few)
+
+
+def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: int, kl_weight: float) -> dict:
+    """EAGLE's loss for a drafter ``net`` over L pairs: ``emb`` (B, L, D) the target's embeddings of
+    the pairs' tokens, ``feats`` (B, L + 1, D) the target's features, pair c reading ``feats[:, c]``
+    and predicting ``feats[:, c + 1]`` (and its distribution under ``head``); averaged over the
+    teacher-forced pass and ``unroll`` passes on predicted features (see the module)."""
+    feats, emb = feats.float().detach(), emb.float().detach()
+    with torch.no_grad():
+        log_p = head(feats[:, 1:]).float().log_softmax(-1)
+    inputs, total, parts = feats[:, :-1], 0.0, {}
+    for i in range(1 + unroll):
+        g = net(emb, inputs)
+        regression = F.smooth_l1_loss(g, feats[:, 1:])
+        kl = F.kl_div(head(g).float().log_softmax(-1), log_p, log_target=True, reduction="batchmean") / g.shape[1]
+        total = total + regression + kl_weight * kl
+        parts[f"kl{i}"] = kl.item()
+        # the next pass reads, at pair c, the prediction for pair c - 1 (the first pair keeps its own)
+        inputs = torch.cat([feats[:, :1], g[:, :-1]], 1)
+    return {"loss": total / (1 + unroll), **parts}
+
+
+def text_losses(net, target, tokens: torch.Tensor, unroll: int, kl_weight: float) -> dict:
+    """:func:`feature_losses` on token windows (B, T+1) of a transformers causal LM ``target``:
+    pair c = (x_c, f_{c-1}), c = 1..T."""
+    with torch.no_grad():
+        feats = target.base_model(input_ids=tokens).last_hidden_state  # f_0..f_T
+        emb = target.get_input_embeddings()(tokens[:, 1:])
+    return feature_losses(net, feats, emb, target.get_output_embeddings(), unroll, kl_weight)
+
+
+def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: FeatureDrafterConfig | None = None,
+                               progress: bool = True) -> Path:
+    """Run (or resume) the drafter's training against the target of text pair ``pair``; write it to ``out``."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from ..assets import TEXT_PAIR
+    from ..models.feature_drafter import FeatureDraftModel, weights_hash
+    from .text import encode_corpus, stdlib_files
+
+    cfg = cfg or FeatureDrafterConfig()
+    folder = Path(pair) if pair is not None else TEXT_PAIR
+    for part in ("tokenizer", "target"):
+        if not (folder / part).is_dir():
+            raise FileNotFoundError(f"{str(folder)!r} is not a text pair folder: it has no {part}/ (train-text writes it)")
+    work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.time()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32, use_safetensors=True)
+    target = target.to(device).eval().requires_grad_(False)
+    train_files, _ = stdlib_files(cfg.max_files)
+    stream = encode_corpus(tokenizer, train_files)
+    dim = target.get_output_embeddings().weight.shape[1]
+    torch.manual_seed(cfg.seed)
+    net = FeatureDraftModel(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,
+                            max_len=max(4 * cfg.context, target.config.max_position_embeddings),
+                            target_hash=weights_hash(target)).to(device).train()
+    def batch_losses(step):
+        rng = np.random.default_rng([cfg.seed, 7, step])
+        starts = rng.integers(0, len(stream) - cfg.context - 1, size=cfg.batch)
+        x = torch.stack([stream[s:s + cfg.context + 1] for s in starts]).long().to(device)
+        return text_losses(net, target, x, cfg.unroll, cfg.kl_weight)
+
+    return _train(net, cfg, batch_losses, "feature drafter", work, out, device, t0, "visualspec train-drafter",
+                  progress, pair=str(folder), training_tokens=len(stream))
+
+
+def _train(net, cfg, batch_losses, desc: str, work: Path, out, device, t0: float, command: str, progress: bool,
+           **record) -> Path:
+    """The drafter's optimisation (AdamW, warmup and cosine, autocast where it pays) over
+    ``batch_losses(step)`` (:func:`feature_losses`' dict), resumable in ``work``; then ``net`` in
+    float16 to ``out`` with its training record."""
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    autocast = training_autocast(device)
+
+    def step_fn(step):
+        with torch.autocast(**autocast):
+            losses = batch_losses(step)
+        optimizer_step(opt, losses["loss"], net.parameters())
+        return {k: float(v.detach()) if torch.is_tensor(v) else v for k, v in losses.items()}
+
+    run_stage(desc, work / "drafter", {"drafter": net}, opt, cfg.steps, step_fn, lr=cfg.lr,
+              warmup=cfg.warmup_steps, checkpoint_seconds=cfg.checkpoint_seconds, progress=progress)
+    out = Path(out)
+    net.eval().cpu().half().save_pretrained(out)
+    write_training_record(out, command, asdict(cfg), t0, device, **record)
+    return out
+
+
+@dataclass
+class ImageFeatureDrafterConfig(DrafterRecipe):
+    """The shapes-world image recipe."""
+
+    batch: int = 32
+    unconditional: float = 0.5  # the share of rows without their caption: guidance drafts both halves
+
+
+def train_image_feature_drafter(model: str | None, out: str, work_dir: str,
+                                cfg: ImageFeatureDrafterConfig | None = None, progress: bool = True) -> Path:
+    """Run (or resume) a feature drafter's training for a shapes-world LlamaGen pipeline ``model``
+    (default: the shipped ``assets/shapes-t2i``); write it to ``out``.
+
+    The data is the shapes world's (captions and rendered images, tokenised by the pipeline's own
+    VQ, the GPT's training stream with another seed); the pairs are the image tokens x_c with the
+    target's feature that predicted x_c; ``unconditional`` of the rows drop their caption (the null
+    condition), since under guidance the drafter drafts the unconditional rows too."""
+    from ..assets import SHAPES_T2I
+    from ..models.feature_drafter import FeatureDraftModel, weights_hash
+    from ..pipelines.llamagen import LlamaGenPipeline
+    from .shapes import ShapesTrainingConfig, caption_batch
+
+    cfg = cfg or ImageFeatureDrafterConfig()
+    folder = Path(model) if model is not None else SHAPES_T2I
+    work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.time()
+    pipe = LlamaGenPipeline.from_pretrained(folder).to(device)
+    gpt, vq = pipe.transformer.eval().requires_grad_(False), pipe.vq_model.eval().requires_grad_(False)
+    world = ShapesTrainingConfig()
+    dim = gpt.config.dim
+    torch.manual_seed(cfg.seed)
+    net = FeatureDraftModel(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,
+                            max_len=gpt.config.block_size + 16, target_hash=weights_hash(gpt)).to(device).train()
+    def batch_losses(step):
+        x, prompts = caption_batch(cfg.seed + 7, step, cfg.batch, world.task_weights, world.caption_detail,
+                                   world.caption_order)
+        drop = torch.rand(len(prompts), generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
+        drop = (drop < cfg.unconditional).to(device)
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            _, tokens = vq.encode(x.to(device))
+            tokens = tokens.flatten(1)
+            captions, mask = pipe.encode_prompt(prompts)
+            mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
+            feats = gpt(captions, tokens, cond_mask=mask, drop_condition=drop, features=True)  # row c predicts x_c
+            emb = gpt.tok_embeddings(tokens[:, :-1])
+        return feature_losses(net, feats, emb, gpt.head, cfg.unroll, cfg.kl_weight)
+
+    return _train(net, cfg, batch_losses, "image feature drafter", work, out, device, t0,
+                  "visualspec train-drafter --model", progress, model=str(folder))
