@@ -195,7 +195,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if decoding == "feature":  # the drafter's own step compiled with the target's
             self.feature_drafter.compile_step(compiled)
             if compiled:
-                self.feature_drafter.to(model.tok_embeddings.weight.dtype)
+                if self.feature_drafter.dtype != model.tok_embeddings.weight.dtype:
+                    self.feature_drafter.to(model.tok_embeddings.weight.dtype)
                 self.feature_drafter.precompile(slots * sampling.model_rows_per_sample, num_tokens + 1,
                                                 {self.feature_drafter.pairs_bucket(w) for w in window_lengths(window)})
 
