@@ -73,29 +73,34 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
             self._valid[:, :valid.shape[1]] = valid
 
     def step(self, embeddings: torch.Tensor, features: torch.Tensor, columns: torch.Tensor,
-             compiled: bool = True, compile_new: bool = False) -> torch.Tensor:
+             compiled: bool = True, compile_new: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Decoding: pairs (B, L, D) at ``columns`` (B, L) of the cache (written there) -> predicted
         features (B, L, D); column c attends the row's valid columns up to c. Through the compiled
         graph of its shape where :meth:`compile_step` was called (and ``compiled``) and that shape
         was compiled before (:meth:`precompile`; ``compile_new``: compile it now); other shapes (rows
-        left after some finished) run eagerly, so nothing compiles mid-decode."""
+        left after some finished) run eagerly, so nothing compiles mid-decode. ``rows``: the pairs
+        are of these cache rows only (eagerly; default: the first B)."""
         if self._cache is None:
             raise RuntimeError("call reset() before step()")
         B, L = columns.shape
+        if rows is not None:
+            return self._step(embeddings, features, columns, rows)
         if self._compiled and compiled and L <= COMPILED_WINDOWS:
             cache = self._cache[0]
             key = (B, L, cache.shape[2], cache.dtype, cache.device, torch.is_grad_enabled())
             return self._compiler(key, dense(embeddings), dense(features), dense(columns), compile_new=compile_new)
         return self._step(embeddings, features, columns)
 
-    def _step(self, embeddings: torch.Tensor, features: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-        S = self._valid.shape[1]
+    def _step(self, embeddings: torch.Tensor, features: torch.Tensor, columns: torch.Tensor,
+              rows: torch.Tensor | None = None) -> torch.Tensor:
+        valid = self._valid[:columns.shape[0]] if rows is None else self._valid[rows]
+        S = valid.shape[1]
         columns = columns.clamp(max=S - 1)
         key = torch.arange(S, device=columns.device)
-        allowed = (key <= columns[:, :, None]) & self._valid[:, None, :]
+        allowed = (key <= columns[:, :, None]) & valid[:, None, :]
         allowed |= key == columns[:, :, None]
         x = self.fc(torch.cat([embeddings, features], -1))
-        return self.layer(x, rotary(self.rope[columns], x.dtype), allowed[:, None], (*self._cache, None), columns)
+        return self.layer(x, rotary(self.rope[columns], x.dtype), allowed[:, None], (*self._cache, rows), columns)
 
     def pairs_bucket(self, pairs: int) -> int:
         """How many pairs a step of ``pairs`` should feed (repeating the last one): its compiled

@@ -76,8 +76,8 @@ def test_the_drafter_gets_each_positions_own_features_and_a_shifted_control_fail
     target = HFCausalLM(tiny_hf("llama", seed=3))  # a greedy path of varied tokens
 
     class Copy(FeatureDraftModel):
-        def step(self, embeddings, features, columns, compiled=True):
-            super().step(embeddings, features, columns, compiled)
+        def step(self, embeddings, features, columns, **options):
+            super().step(embeddings, features, columns, **options)
             return features
 
     net = Copy(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128).double()

@@ -95,15 +95,9 @@ class FeatureDrafter(Drafter):
         self._forwards += 1
         emb = self.target.embed_tokens(tokens).to(self.model.fc.weight.dtype)
         feats = features.to(emb.dtype)
-        if rows is None or len(rows) == self.real.shape[0]:
-            return self.model.step(emb, feats, columns, compiled=compiled)
-        saved = self.model._cache, self.model._valid
-        self.model.select(rows)
-        out = self.model.step(emb, feats, columns, compiled=False)
-        for full, part in zip(saved[0], self.model._cache):
-            full[rows] = part
-        self.model._cache, self.model._valid = saved
-        return out
+        if rows is not None and len(rows) == self.real.shape[0]:
+            rows = None
+        return self.model.step(emb, feats, columns, compiled=compiled, rows=rows)
 
     def _draw(self, features, generator):
         """Drafts (B,) and their law q (B, V) from predicted features (model rows, D)."""
