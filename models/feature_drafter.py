@@ -18,6 +18,7 @@ attend (a left-padded prompt) masked out.
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 import torch
 from diffusers import ConfigMixin, ModelMixin
@@ -118,10 +119,11 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
     @torch.no_grad()
     def precompile(self, rows: int, columns: int, lengths) -> None:
         """Compile the steps of ``rows`` rows over a cache of ``columns`` columns that feed each of
-        ``lengths`` pairs at once; leaves an empty cache (reset before decoding)."""
+        ``lengths`` pairs at once (those up to ``COMPILED_WINDOWS``: longer steps run eagerly);
+        leaves an empty cache (reset before decoding)."""
         D = self.config.feature_size
         self.reset(rows, columns)
-        for L in sorted(set(lengths)):
+        for L in sorted({L for L in lengths if L <= COMPILED_WINDOWS}):
             x = self.fc.weight.new_zeros(rows, L, D)
             self.step(x, x, torch.arange(L, device=x.device).expand(rows, L), compile_new=True)
         self.reset(rows, columns)
@@ -145,14 +147,25 @@ def _describe_bucket(key) -> str:
     return f"{rows} rows, {pairs} pairs, a {columns}-column cache"
 
 
+_hashes: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
 def weights_hash(model: torch.nn.Module) -> str:
     """The first 16 hex digits of the SHA-256 of a model's state (names and float32 values, in name
-    order): what a drafter records of the target it was trained against."""
+    order): what a drafter records of the target it was trained against. Kept per model until a
+    tensor of its state is replaced or changed in place (its storage or version counter moves), so
+    checking a drafter on every call hashes a large target once."""
+    state = sorted(model.state_dict().items())
+    stamp = tuple((name, t.data_ptr(), t._version, t.dtype) for name, t in state)
+    kept = _hashes.get(model)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
     digest = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
+    for name, p in state:
         digest.update(name.encode())
         digest.update(p.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
+    _hashes[model] = (stamp, digest.hexdigest()[:16])
+    return _hashes[model][1]
 
 
 def check_target(drafter: FeatureDraftModel, target_model: torch.nn.Module, feature_size: int) -> None:

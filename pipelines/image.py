@@ -210,22 +210,33 @@ class ImagePipeline(VisualSpecPipeline):
 
 
 def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots: int, siblings: int = 1,
-                  sibling_depth: int = 2):
+                  sibling_depth: int = 2, drafter=None, sampling: SamplingConfig | None = None):
     """The :class:`visualspec.core.window.WindowPolicy` of ``window="auto"`` at ``slots`` images, for
     every pipeline: cost tables at slots, slots/2, ..., 1 images (the batch shrinks as images
     finish), measured once per model and batch size on this machine and cached on disk; with
     ``siblings`` > 1 also the cost of whole sibling-tree steps
     (:func:`visualspec.core.proactive.tree_step_timer`). A compiled step runs every cache row
-    however many images are left, so its table at ``slots`` images serves the whole call."""
+    however many images are left, so its table at ``slots`` images serves the whole call.
+
+    A ``drafter`` whose drafts cost time (its ``draft_timer``: a draft model, a feature drafter)
+    is priced with them: each table is of whole steps, the window's forward and the W - 1 drafts
+    (:func:`visualspec.core.window_costs.drafted_step`, under ``sampling``), so the policy takes
+    W = 1, plain AR, wherever the drafts cost more than they save."""
     from ..core.proactive import tree_step_timer
     from ..core.window import WindowPolicy, prefix_rows
-    from ..core.window_costs import cached_window_costs
+    from ..core.window_costs import cached_window_costs, drafted_step
 
     tables, trees, rows = {}, {}, slots
     while True:
         prefix = prefix_of(rows)
         model_rows = prefix_rows(prefix)
-        tables[model_rows] = cached_window_costs(model, prefix, num_tokens)
+        timer = drafter.draft_timer(rows, num_tokens, sampling) if drafter is not None else None
+        if timer is not None:
+            step = drafted_step(model, timer, features=getattr(drafter, "wants_features", False))
+            tables[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=step,
+                                                     tag=f"drafts={drafter.cost_tag()}")
+        else:
+            tables[model_rows] = cached_window_costs(model, prefix, num_tokens)
         if siblings > 1 and sibling_depth > 0:
             step = tree_step_timer(model, model_rows // rows, siblings, sibling_depth)
             trees[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=step,
@@ -254,6 +265,7 @@ TOKEN_BENCH_MODES = {
     "gsd": dict(decoding="gsd"),
     "speculative": dict(decoding="speculative"),
     "feature": dict(decoding="feature"),
+    "sjd+feature": dict(decoding="sjd", drafts="feature"),  # +feature: a relaxed rule over the feature drafter's drafts
 }
 
 
@@ -298,19 +310,24 @@ class TokenImagePipeline(ImagePipeline):
     def token_decoding(self, decoding: str, sampling: SamplingConfig, *, vocab_size: int, grid_width: int,
                        jacobi_init: str, coupling: bool, lantern_k: int = 1, lantern_delta: float | None = None,
                        lantern_lambda: float | None = None, gsd_group_size: int = 0,
-                       gsd_max_distance: float | None = None, draft: tuple | None = None, feature: tuple | None = None):
+                       gsd_max_distance: float | None = None, draft: tuple | None = None, feature: tuple | None = None,
+                       drafts: str | None = None):
         """``(drafter, rule)`` of ``decoding`` for every token pipeline: Jacobi drafts for sjd,
-        lantern and gsd; a draft model's (``draft``: ``(model, prefix)``) for speculative; a feature
-        drafter's (``feature``: ``(drafter network, target)``) for feature; the
+        lantern and gsd (or ``drafts="feature"`` / ``"draft_model"``'s); a draft model's (``draft``:
+        ``(model, prefix)``) for speculative; a feature drafter's (``feature``: ``(drafter network,
+        target)``) for feature; the
         exact rule, or LANTERN's (``lantern_k`` nearest codes of :meth:`neighbour_table`, budget
         ``lantern_delta`` or ``lantern_lambda``) or GSD's (groups over :meth:`code_vectors`). The
         relaxed rules fall back to the exact one under greedy sampling."""
         drafter, rule = None, default_rule(sampling)
-        if decoding in ("sjd", "lantern", "gsd"):
+        kind = {"speculative": "draft_model", "feature": "feature"}.get(decoding, drafts or "jacobi")
+        if decoding == "ar":
+            pass
+        elif kind == "jacobi":
             drafter = JacobiDrafter(vocab_size, jacobi_init, grid_width=grid_width, coupling=coupling)
-        elif decoding == "speculative":
+        elif kind == "draft_model":
             drafter = DraftModelDrafter(*draft)
-        elif decoding == "feature":
+        elif kind == "feature":
             check_target(feature[0], feature[1], feature[1].feature_size)
             drafter = FeatureDrafter(*feature)
         if decoding == "lantern" and not sampling.greedy:

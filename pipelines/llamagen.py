@@ -10,17 +10,16 @@ from ..core.checks import check_int
 from ..core.compiled import compiled_step
 from ..core.engine import Requests, decode
 from ..core.sampling import SamplingConfig, make_generator
+from ..core.window import WINDOWS
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline
 from .image import (TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline, check_draft_compatible,
                     window_lengths, window_policy)
 
-
-# decoding="feature"'s window for window="auto": the window policy prices a window by the target's
-# cost alone, and a feature drafter's drafts are not free; 4 was the fastest of auto, 3, 4, 5, 6
-# and 8 on four prompts no table uses (docs/experiments/2026-11-27-feature-drafter-text.md)
-FEATURE_WINDOW = 4
+DRAFTS = ("jacobi", "feature", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
+DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "speculative": "draft_model",
+                  "feature": "feature"}
 
 
 @register_pipeline
@@ -85,6 +84,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         class_labels=None,
         *,
         decoding: str = "sjd",
+        drafts: str | None = None,
         num_images_per_prompt: int = 1,
         guidance_scale: float | None = None,
         temperature: float = 1.0,
@@ -116,7 +116,11 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
           lossless), ``"lantern"`` (Jacobi drafts with LANTERN relaxed acceptance, lossy, budget
           ``lantern_delta`` over ``lantern_k`` codebook neighbours, or ``lantern_lambda``), or
           ``"gsd"`` (Jacobi drafts with grouped acceptance, lossy, see ``gsd_group_size``), or
-          ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless).
+          ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless), or
+          ``"feature"`` (the ``feature_drafter`` drafts from the transformer's own features, lossless).
+        - ``drafts``: what drafts for ``"sjd"``, ``"lantern"`` and ``"gsd"``: ``"jacobi"`` (the
+          default), ``"feature"`` (the feature drafter: LANTERN or GSD over learned drafts) or
+          ``"draft_model"``; the rule stays the decoding's.
         - ``guidance_scale``, ``top_k``, ``epsilon_cutoff``, ``lantern_k``, ``lantern_delta`` and
           ``jacobi_init`` default to the model's own settings (``pipe.config.default_*``; LlamaGen's
           are 4.0, 0 = no top-k, 0 = no cut-off, 1000, 0.1 and ``"random"``).
@@ -154,7 +158,9 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                                  gsd_max_distance=gsd_max_distance, guidance_scale=guidance_scale)
         self.check_inputs(decoding, output_type, window, num_images_per_prompt, batch_size, d["jacobi_init"],
                           d["coupling"], d["lantern_k"], d["lantern_delta"], lantern_lambda, d["gsd_group_size"],
-                          d["gsd_max_distance"], d["siblings"], d["sibling_depth"])
+                          d["gsd_max_distance"], d["siblings"], d["sibling_depth"], drafts)
+        drafts = drafts or DEFAULT_DRAFTS.get(decoding)
+        features = drafts == "feature"
         sampling = SamplingConfig(temperature=temperature, top_k=d["top_k"], top_p=top_p,
                                   guidance_scale=d["guidance_scale"], epsilon_cutoff=d["epsilon_cutoff"])
 
@@ -171,46 +177,54 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         queued = slots < rows
         prefix = Requests(rows, lambda ids: prefix_of(model, ids), slots) if queued else prefix_of(model)
         draft = None
-        if decoding == "speculative":
+        if drafts == "draft_model":
             check_draft_compatible(model, self.draft_model)
-            draft = (self.draft_model, (lambda ids: prefix_of(self.draft_model, ids)) if queued
-                     else prefix_of(self.draft_model))
+            draft = (self.draft_model, lambda ids: prefix_of(self.draft_model, ids))
         drafter, rule = self.token_decoding(
             decoding, sampling, vocab_size=vocab, grid_width=model.grid_size, jacobi_init=d["jacobi_init"],
             coupling=d["coupling"], lantern_k=min(d["lantern_k"], vocab - 1), lantern_delta=d["lantern_delta"],
             lantern_lambda=lantern_lambda, gsd_group_size=d["gsd_group_size"],
             gsd_max_distance=d["gsd_max_distance"], draft=draft,
-            feature=(self.feature_drafter, model) if decoding == "feature" else None)
+            feature=(self.feature_drafter, model) if features else None, drafts=drafts)
         siblings, sibling_depth = d["siblings"], d["sibling_depth"]
         tree = drafter is not None and siblings > 1 and sibling_depth > 0
         compiled = compiled_step(model, compile, lambda r: prefix_of(model, list(range(r))), num_tokens, rows, slots)
-        if window == "auto" and decoding == "feature":
-            window = FEATURE_WINDOW
-        if window == "auto":
+        if features:  # the drafter's own step compiled with the target's (before its costs are timed)
+            self._compile_feature_drafter(compiled, slots * sampling.model_rows_per_sample, num_tokens,
+                                          WINDOWS if window == "auto" else [window])
+        if window == "auto":  # a draft model's and a feature drafter's drafts are priced with the forwards
             window = (window_policy(model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots,
-                                    siblings if tree else 1, sibling_depth) if drafter is not None else 1)
+                                    siblings if tree else 1, sibling_depth, drafter=drafter, sampling=sampling)
+                      if drafter is not None else 1)
         if compiled:
             model.precompile(prefix_of(model, list(range(slots))), num_tokens, window_lengths(window),
-                             **({"features": True} if decoding == "feature" else {}))
-        if decoding == "feature":  # the drafter's own step compiled with the target's
-            self.feature_drafter.compile_step(compiled)
-            if compiled:
-                if self.feature_drafter.dtype != model.tok_embeddings.weight.dtype:
-                    self.feature_drafter.to(model.tok_embeddings.weight.dtype)
-                self.feature_drafter.precompile(slots * sampling.model_rows_per_sample, num_tokens + 1,
-                                                {self.feature_drafter.pairs_bucket(w) for w in window_lengths(window)})
+                             **({"features": True} if features else {}))
 
         with self.progress_bar(total=num_tokens * rows) as bar:
-            mode = (decoding + ("+coupling" if d["coupling"] and drafter else "") + ("+pd" if tree else "")
+            mode = (decoding + (f"+{drafts}" if drafts != DEFAULT_DRAFTS.get(decoding) else "")
+                    + ("+coupling" if d["coupling"] and drafts == "jacobi" else "") + ("+pd" if tree else "")
                     + ("+compiled" if compiled else ""))
             tokens, stats = decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=window,
                                    generator=gen, mode=mode, progress=bar.update, siblings=siblings if tree else 1,
                                    sibling_depth=sibling_depth)
         return self.output(tokens, stats, output_type, return_dict, self.decode_images)
 
+    def _compile_feature_drafter(self, compiled: bool, model_rows: int, num_tokens: int, windows) -> None:
+        """Switch the feature drafter's compiled step with the transformer's, in its dtype, with a
+        graph for every step a decode with these window lengths makes: the catch-up of 1..W
+        committed pairs (in their buckets) and the one-pair drafting steps (compiled once; other
+        shapes run eagerly)."""
+        drafter, dtype = self.feature_drafter, self.transformer.tok_embeddings.weight.dtype
+        drafter.compile_step(compiled)
+        if compiled:
+            if drafter.dtype != dtype:
+                drafter.to(dtype)
+            drafter.precompile(model_rows, num_tokens + 1,
+                               {drafter.pairs_bucket(c) for w in windows for c in range(1, w + 1)})
+
     def check_inputs(self, decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
                      lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance, siblings=1,
-                     sibling_depth=2) -> None:
+                     sibling_depth=2, drafts=None) -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         self.check_token_options(decoding, window, jacobi_init, coupling, lantern_k, lantern_delta, lantern_lambda)
         self.check_common(output_type, num_images_per_prompt, batch_size)
@@ -219,14 +233,22 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if siblings > 1 and decoding in ("lantern", "gsd"):
             raise ValueError(f"siblings (proactive drafting) are verified exactly; decoding={decoding!r} is relaxed: "
                              f"use 'sjd' or 'speculative', or siblings=1")
-        if decoding == "speculative" and self.draft_model is None:
-            raise ValueError("decoding='speculative' needs a draft_model; load one with "
-                             "from_pretrained(..., draft_model=model) or use 'sjd'")
-        if decoding == "feature" and self.feature_drafter is None:
-            raise ValueError("decoding='feature' needs a feature_drafter (visualspec train-drafter --model); load "
-                             "one with from_pretrained(..., feature_drafter=model) or use 'sjd'")
-        if decoding == "feature" and siblings > 1:
-            raise ValueError("decoding='feature' drafts chains; proactive drafting (siblings > 1) needs siblings=1")
+        if drafts is not None:
+            if drafts not in DRAFTS:
+                raise ValueError(f"unknown drafts {drafts!r}; choose one of {DRAFTS}")
+            if decoding in ("ar", "speculative", "feature") and drafts != DEFAULT_DRAFTS.get(decoding):
+                raise ValueError(f"drafts={drafts!r} is for decoding 'sjd', 'lantern' or 'gsd'; decoding={decoding!r} "
+                                 + ("makes no drafts" if decoding == "ar" else f"drafts with its {DEFAULT_DRAFTS[decoding]}"))
+        drafts = drafts or DEFAULT_DRAFTS.get(decoding)
+        if drafts == "draft_model" and self.draft_model is None:
+            raise ValueError(f"decoding={decoding!r} with draft-model drafts needs a draft_model; load one with "
+                             "from_pretrained(..., draft_model=model), or decode with Jacobi drafts ('sjd')")
+        if drafts == "feature" and self.feature_drafter is None:
+            raise ValueError(f"decoding={decoding!r} with feature drafts needs a feature_drafter (visualspec "
+                             "train-drafter --model); load one with from_pretrained(..., feature_drafter=model), or "
+                             "decode with Jacobi drafts ('sjd')")
+        if drafts == "feature" and siblings > 1:
+            raise ValueError("feature drafts are chains; proactive drafting (siblings > 1) needs siblings=1")
         if decoding == "gsd":
             check_int("gsd_group_size", gsd_group_size, 0)
             if gsd_max_distance is not None and not gsd_max_distance >= 0:

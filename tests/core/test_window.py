@@ -307,3 +307,23 @@ def test_a_cpu_is_named_with_its_instruction_set_and_cores():
 
     name = machine_name("cpu")
     assert torch.backends.cpu.get_cpu_capability() in name and f"{os.cpu_count()} cores" in name
+
+
+def test_a_step_with_costly_drafts_is_priced_with_them_and_then_stays_ar(clock):
+    """drafted_step: c(W) = forward(W) + drafts(W - 1). Drafts that cost more than they save make
+    the policy take W = 1; the control, the same forwards priced alone, speculates."""
+    proposals = []
+
+    def draft_timer(n, k):  # 2 ms a draft: a small draft network's forward
+        proposals.append((n, k))
+        clock.now += 0.002 * k
+
+    model = FakeModel(clock, fixed=1e-3, per_token=1e-5)
+    plain = measure_window_costs(model, torch.zeros(1), 64, repeats=1)
+    priced = measure_window_costs(model, torch.zeros(1), 64, repeats=1, forward=win.drafted_step(model, draft_timer))
+    for w in plain:
+        assert priced[w] == pytest.approx(plain[w] + 0.002 * (w - 1))
+    start = win.window_start(64, win.WINDOWS)
+    assert set(proposals) == {(start, w - 1) for w in plain if w > 1}  # W = 1 drafts nothing
+    assert WindowPolicy({1: plain}).search(prior=0.6).window(1) > 1
+    assert WindowPolicy({1: priced}).search(prior=0.6).window(1) == 1

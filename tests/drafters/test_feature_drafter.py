@@ -222,3 +222,41 @@ def test_an_image_model_feeds_a_feature_drafter_under_guidance(compiled):
     net = drafter_net(target)
     out, _ = decode(target, labels, 16, sampling, drafter=FeatureDrafter(net, target), window=3)
     assert torch.equal(out, ar)
+
+
+def test_a_decode_whose_window_policy_prices_the_drafts_equals_ar():
+    """The feature drafter's timer makes real proposals (its forwards counted) on a fresh state;
+    a decode after it, with the window chosen each step from those priced tables, is still AR's
+    greedy output."""
+    from visualspec.core.window import WindowPolicy
+    from visualspec.core.window_costs import drafted_step, measure_window_costs
+
+    target = HFCausalLM(tiny_hf("llama"), static=True)
+    prefix = ragged_prompts()
+    greedy = SamplingConfig(temperature=0.0)
+    drafter = FeatureDrafter(drafter_net(target), target, prefix)
+    timer = drafter.draft_timer(3, 16, greedy)
+    before = drafter.forwards
+    timer(8, 3)
+    assert drafter.forwards - before == 3  # the catch-up, then two one-pair steps
+    costs = measure_window_costs(target, prefix, 16, windows=(1, 2, 4), repeats=1,
+                                 forward=drafted_step(target, timer, features=True))
+    assert sorted(costs) == [1, 2, 4] and all(c > 0 for c in costs.values())
+    ar, _ = decode(target, prefix, 16, greedy)
+    out, _ = decode(target, prefix, 16, greedy, drafter=drafter, window=WindowPolicy({6: {1: 1.0, 2: 1.0, 4: 1.0}}))
+    assert torch.equal(out, ar)
+
+
+def test_a_targets_hash_is_kept_until_its_weights_change(monkeypatch):
+    import visualspec.models.feature_drafter as fd
+
+    model, hashed = tiny_hf("llama"), []
+    sha256 = fd.hashlib.sha256
+    monkeypatch.setattr(fd.hashlib, "sha256", lambda *a: hashed.append(1) or sha256(*a))
+    first = fd.weights_hash(model)
+    assert fd.weights_hash(model) == first and len(hashed) == 1  # checked again: not hashed again
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # as an optimizer step or load_state_dict changes it
+    assert fd.weights_hash(model) != first and len(hashed) == 2
+    model.load_state_dict(tiny_hf("llama").state_dict())
+    assert fd.weights_hash(model) == first and len(hashed) == 3

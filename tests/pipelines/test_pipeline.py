@@ -128,6 +128,11 @@ def test_a_pipeline_with_a_feature_drafter_saves_loads_and_decodes_exactly(tmp_p
     out = loaded([1, 3], decoding="feature", window=3, temperature=0, output_type="latent")
     assert torch.equal(greedy_ar, out.images) and out.stats.draft_forwards > 0
     assert len(loaded([1, 3], decoding="feature", window=3, seed=0).images) == 2
+    # the window policy prices the drafter's steps; Jacobi's rules take its drafts too (LANTERN over learned drafts)
+    auto = loaded([1, 3], decoding="sjd", drafts="feature", temperature=0, output_type="latent")
+    assert torch.equal(greedy_ar, auto.images) and auto.stats.mode == "sjd+feature"
+    relaxed = loaded([1, 3], decoding="lantern", drafts="feature", seed=0, output_type="latent")
+    assert relaxed.stats.mode == "lantern+feature" and relaxed.stats.draft_forwards > 0
     other = tiny_c2i_pipeline(seed=1)
     other.register_modules(feature_drafter=net)
     with pytest.raises(ValueError, match="trained against a target whose weights hash"):
@@ -137,6 +142,9 @@ def test_a_pipeline_with_a_feature_drafter_saves_loads_and_decodes_exactly(tmp_p
 @pytest.mark.parametrize("kwargs, message", [
     (dict(decoding="medusa"), "unknown decoding mode"),
     (dict(decoding="feature"), "needs a feature_drafter"),
+    (dict(decoding="lantern", drafts="feature"), "with feature drafts needs a feature_drafter"),
+    (dict(decoding="sjd", drafts="eagle"), "unknown drafts 'eagle'"),
+    (dict(decoding="ar", drafts="jacobi"), "decoding='ar' makes no drafts"),
     (dict(window=0), "window"),
     (dict(guidance_scale=-1.0), "guidance_scale"),
     (dict(top_k=-5), "top_k"),

@@ -28,3 +28,11 @@ def test_drafts_are_accepted_on_held_out_code_and_greedy_output_is_exact(pair):
         ref = generate_text(target, tokenizer, prompt, max_new_tokens=48, temperature=0)
         assert out.token_ids == ref.token_ids
         assert out.stats.mean_accepted > 1.8, out.stats.summary()
+
+
+def test_held_out_prompts_reach_any_count_and_keep_the_first_passes(pair):
+    """22 held-out files are long enough for one 96-token prompt each; 40 prompts take a second cut
+    from them, and the first pass's prompts stay the ones fewer prompts give."""
+    tokenizer = pair[0]
+    first, many = held_out_prompts(PAIR, tokenizer, 8), held_out_prompts(PAIR, tokenizer, 40)
+    assert len(many) == 40 and len(set(many)) == 40 and many[:8] == first

@@ -71,7 +71,34 @@ def test_a_feature_drafter_trains_for_the_target_loads_and_decodes_exactly(tiny_
     assert json.loads((folder / "training.json").read_text())["command"] == "visualspec train-drafter"
 
 
-def test_text_benchmark_runs_every_method_on_a_tiny_pair(tiny_pair, tiny_drafter):
+@pytest.fixture(scope="module")
+def tiny_distilled(tiny_pair):
+    """The tiny pair's draft distilled 3 steps toward its target (DistillSpec), into the pair folder."""
+    from visualspec.training.distill import DistillConfig, train_distilled_draft
+
+    tmp, out = tiny_pair
+    cfg = DistillConfig(batch=2, steps=3, warmup_steps=1, prompt_tokens=8, new_tokens=8, on_policy=0.5, max_files=24,
+                        checkpoint_seconds=0.0)
+    return train_distilled_draft(str(out), str(out / "draft-distilled"), str(tmp / "work-distill"), cfg,
+                                 progress=False), cfg
+
+
+def test_a_distilled_draft_moves_toward_its_target_and_decodes_exactly(tiny_pair, tiny_distilled):
+    folder, cfg = tiny_distilled
+    tmp, out = tiny_pair
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32)
+    before = AutoModelForCausalLM.from_pretrained(out / "draft", dtype=torch.float32)
+    after = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values()))
+    plain = generate_text(target, tokenizer, "def f(x):", max_new_tokens=8, temperature=0)
+    spec = generate_text(target, tokenizer, "def f(x):", drafter=after, window=4, max_new_tokens=8, temperature=0)
+    assert plain.token_ids == spec.token_ids
+    record = json.loads((folder / "training.json").read_text())
+    assert record["command"] == "visualspec train-drafter --kind distill" and record["config"]["divergence"] == "tvd"
+
+
+def test_text_benchmark_runs_every_method_on_a_tiny_pair(tiny_pair, tiny_drafter, tiny_distilled):
     from visualspec.tools.bench_text import multidraft_gap, run_text_benchmark
 
     _, out = tiny_pair
@@ -81,7 +108,8 @@ def test_text_benchmark_runs_every_method_on_a_tiny_pair(tiny_pair, tiny_drafter
     for name, row in rows.items():  # every greedy method reproduces generate's output exactly
         assert row["greedy_output_equal"] == "2/2", (name, row)
     assert rows["visualspec draft model"]["target_forwards"] < rows["generate"]["target_forwards"]
-    assert {"visualspec feature drafter", "visualspec feature drafter, compiled"} <= set(rows)
+    assert {"visualspec feature drafter", "visualspec feature drafter, compiled",
+            "visualspec distilled draft model"} <= set(rows)
     gap = multidraft_gap(out, positions=2, k=2, top=3, prompt_tokens=16)["mean_acceptance"]
     for rule in ("rsd (without replacement)", "spectr (iid)", "recursive_iid (iid)"):
         optimum = gap["optimal, without replacement" if "without" in rule else "optimal, iid"]

@@ -93,6 +93,21 @@ class Drafter:
         """The target's features of the prompt (model rows, T, D): of every row after the prefill,
         of rows ``rows`` after a refill (continuous batching). Only called when ``wants_features``."""
 
+    #: A drafter whose drafts cost time of their own (a draft model's forwards, a feature drafter's
+    #: steps) returns a timer from this, so that a window policy prices a step with its drafts
+    #: (:func:`visualspec.core.window_costs.drafted_step`); None: drafts are free next to the
+    #: target's forward (Jacobi, n-gram lookup). The timer, called with a generated position n and
+    #: a count k, makes a proposal of k drafts at n for ``batch_size`` rows as a decode step would
+    #: (catching up the k + 1 tokens the step before committed). It uses the drafter's own state:
+    #: :meth:`start` again before decoding.
+    def draft_timer(self, batch_size: int, num_tokens: int, sampling: SamplingConfig):
+        return None
+
+    def cost_tag(self) -> str:
+        """What a table of steps with this drafter's drafts is kept under beside the target's own
+        (its class and, for a drafter network, a hash of that network's configuration)."""
+        return type(self).__name__
+
 
 class TokenModel(Protocol):
     """What the engine needs from a model that predicts the next token.

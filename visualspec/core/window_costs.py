@@ -100,6 +100,23 @@ def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Seque
     return {w: statistics.median(t[1:]) for w, t in times.items()}
 
 
+def drafted_step(model, draft_timer: Callable[[int, int], Any], features: bool = False) -> Callable:
+    """A stand-in for one decode step with a drafter's drafts, to time with
+    :func:`measure_window_costs` (``forward=``): called with tokens (model rows, W) and a start, the
+    target's window forward (``features=True`` for a drafter that reads them), then the drafter's
+    proposal of W - 1 drafts at that position (``draft_timer(max(start, 1), W - 1)``, from
+    :meth:`visualspec.core.engine.Drafter.draft_timer`). W = 1 is the forward alone: a plain AR
+    step. The cost of a window is then c(W) = forward(W) + drafts(W - 1), the whole step the
+    window policy must weigh against AR's."""
+
+    def step(tokens: torch.Tensor, start) -> None:
+        model.forward_window(tokens, start, **({"features": True} if features else {}))
+        if tokens.shape[1] > 1:
+            draft_timer(max(int(start), 1), tokens.shape[1] - 1)  # a proposal follows >= 1 committed token
+
+    return step
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on an accelerator (CUDA, MPS, XPU); nothing on a CPU."""
     backend = getattr(torch, device.type, None) if device.type != "cpu" else None
@@ -152,6 +169,12 @@ def _config_text(model) -> str:
     return ""
 
 
+def config_hash(model) -> str:
+    """The first 16 hex digits of the SHA-256 of :func:`_config_text` (the model's configuration,
+    else its parameter shapes): equal for models whose steps cost the same."""
+    return hashlib.sha256(_config_text(model).encode()).hexdigest()[:16]
+
+
 def cost_signature(model, rows: int, max_new_tokens: int, compiled: bool | None = None) -> str:
     """The cache key of a cost table: model class, a hash of its config, parameter dtype, device
     type, machine, torch threads, torch version, model batch rows and ``max_new_tokens``, and
@@ -161,8 +184,7 @@ def cost_signature(model, rows: int, max_new_tokens: int, compiled: bool | None 
     param = next((p for obj in _modules(model) if isinstance(obj, torch.nn.Module)
                   for p in obj.parameters()), None)
     dtype, device = (str(param.dtype), param.device) if param is not None else ("unknown", torch.device("cpu"))
-    config = hashlib.sha256(_config_text(model).encode()).hexdigest()[:16]
-    return "|".join([type(model).__name__, f"config={config}", dtype.replace("torch.", ""), device.type,
+    return "|".join([type(model).__name__, f"config={config_hash(model)}", dtype.replace("torch.", ""), device.type,
                      machine_name(device), platform.machine(), f"threads={torch.get_num_threads()}",
                      f"torch={torch.__version__}", f"rows={rows}", f"new={max_new_tokens}"]
                     + (["compiled"] if compiled else []))

@@ -12,6 +12,7 @@ from ..core.checks import check_positive_int
 from ..core.engine import Drafter
 from ..core.multidraft import DraftTree, gumbel_top_k, iid_drafts
 from ..core.rows import per_row
+from ..core.window_costs import config_hash
 
 
 class DraftModelDrafter(Drafter):
@@ -96,6 +97,39 @@ class DraftModelDrafter(Drafter):
             logits = self._forward(drafts[:, j:j + 1], n + j)[:, 0]
         self.consumed = n + k - 1
         return drafts[:, :k], torch.stack(probs, 1)
+
+    def draft_timer(self, batch_size, num_tokens, sampling):
+        """Proposals as a decode step makes them: the k + 1 tokens the step before committed caught
+        up in one draft forward, then k - 1 one-token forwards and k draws (never stopping early:
+        ``stop_below`` is a saving the timer does not count), after a prefill of ``batch_size``
+        rows (the prefix must cover them: a function of the request indices does)."""
+        self.start(batch_size, num_tokens, sampling)
+        tokens = torch.zeros(batch_size, num_tokens, dtype=torch.long, device=self._device())
+        filled = 0  # positions the draft cache holds (a cache that grows must hold those before a forward)
+
+        def propose(n: int, k: int) -> None:
+            nonlocal filled
+            before = max(n - k - 1, 0)
+            if before > filled:
+                self._forward(tokens[:, filled:before], torch.full((batch_size,), filled, device=tokens.device))
+            self.consumed = torch.full((batch_size,), before, device=tokens.device)
+            self.model.crop(self._rows(self.consumed))
+            stop, self.stop_below = self.stop_below, None
+            try:
+                self.propose(tokens, torch.full((batch_size,), n, device=tokens.device), k)
+            finally:
+                self.stop_below = stop
+            filled = n + k - 1
+
+        return propose
+
+    def _device(self):
+        module = self.model if isinstance(self.model, torch.nn.Module) else getattr(self.model, "model", None)
+        param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+        return param.device if param is not None else torch.device("cpu")
+
+    def cost_tag(self):
+        return f"{type(self).__name__}={config_hash(self.model)}"
 
     def _unsure(self, logits: torch.Tensor, drafted: torch.Tensor) -> bool:
         """Whether every row's draft ``drafted`` (B,) has draft probability below ``stop_below``."""

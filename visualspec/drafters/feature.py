@@ -11,6 +11,7 @@ import torch
 
 from ..core.engine import Drafter
 from ..core.rows import per_row
+from ..core.window_costs import config_hash
 
 
 class FeatureDrafter(Drafter):
@@ -140,6 +141,29 @@ class FeatureDrafter(Drafter):
         self.model.select(model_rows)
         self.real, self.consumed = self.real[model_rows], self.consumed[model_rows]
         self.batch_size = len(rows)
+
+    def draft_timer(self, batch_size, num_tokens, sampling):
+        """Proposals as a decode step makes them: the k + 1 pairs the step before committed caught
+        up (in their compiled bucket), then k drafts (k - 1 more steps, a head and a draw each), on
+        a fresh state of ``batch_size`` rows (zero features: the cost does not depend on them)."""
+        self.start(batch_size, num_tokens, sampling)
+        device = self.model.fc.weight.device
+        ids, _ = self._prompt(list(range(batch_size)))
+        width = 1 if ids is None else ids.shape[1]
+        dtype = self.target.embed_tokens(torch.zeros(1, 1, dtype=torch.long, device=device)).dtype
+        rows = batch_size * sampling.model_rows_per_sample
+        self.prefix_features(torch.zeros(rows, width, self.model.config.feature_size, dtype=dtype, device=device))
+        tokens = torch.zeros(batch_size, num_tokens, dtype=torch.long, device=device)
+
+        def propose(n: int, k: int) -> None:
+            at = torch.full((batch_size,), n, device=device)
+            self.consumed = (sampling.model_batch(at) - k - 1).clamp(min=0)
+            self.propose(tokens, at, k)
+
+        return propose
+
+    def cost_tag(self):
+        return f"{type(self).__name__}={config_hash(self.model)}"
 
     def reset(self, rows, requests):
         if self.prefix is not None and not callable(self.prefix):

@@ -71,6 +71,17 @@ def load_pair(folder=None):
 
 
 FEATURE_DRAFTER = "feature-drafter"  # the pair's optional EAGLE-style drafter folder (train-drafter's output)
+DISTILLED_DRAFT = "draft-distilled"  # the pair's optional DistillSpec draft (train-drafter --kind distill)
+
+
+def load_distilled_draft(folder=None):
+    """The pair's distilled draft model (``draft-distilled/``, in float32), or None where it has none."""
+    from transformers import AutoModelForCausalLM
+
+    path = pair_folder(folder) / DISTILLED_DRAFT
+    if not (path / "config.json").is_file():
+        return None
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).eval()
 
 
 def load_feature_drafter(folder=None):
@@ -84,24 +95,34 @@ def load_feature_drafter(folder=None):
 
 
 def held_out_prompts(folder, tokenizer, count: int, tokens: int = PROMPT_TOKENS, seed: int = 0) -> list[str]:
-    """``count`` prompts of ``tokens`` tokens cut from the pair's held-out standard-library files."""
+    """``count`` prompts of ``tokens`` tokens cut from the pair's held-out standard-library files:
+    one from each file long enough (at least 4 prompts' worth), in a random order of the files;
+    when that gives fewer than ``count``, another pass cuts one more from each, and so on (a file
+    gives at most one prompt per pass, so the first pass's prompts stay what they were)."""
     import json
     import sysconfig
 
     root = Path(sysconfig.get_paths()["stdlib"])
     files = json.loads((Path(folder) / "training.json").read_text())["held_out_files"]
     rng = np.random.default_rng(seed)
-    prompts = []
+    prompts, long_files = [], []
     for name in rng.permutation(files):
         ids = tokenizer((root / name).read_text(encoding="utf-8", errors="replace")).input_ids
         if len(ids) < 4 * tokens:
             continue
+        long_files.append(ids)
         start = int(rng.integers(0, len(ids) - 2 * tokens))
         prompts.append(tokenizer.decode(ids[start:start + tokens]))
         if len(prompts) == count:
-            break
+            return prompts
     if not prompts:
         raise ValueError(f"no held-out file of {folder} is long enough for {tokens}-token prompts")
+    while len(prompts) < count:  # later passes over the same files, at new random places
+        for ids in long_files:
+            start = int(rng.integers(0, len(ids) - 2 * tokens))
+            prompts.append(tokenizer.decode(ids[start:start + tokens]))
+            if len(prompts) == count:
+                break
     return prompts
 
 
@@ -141,10 +162,14 @@ class ForwardCounter:
         self._count.fill_(value)
 
 
-def _hf_generate(model, tokenizer, prompt, new_tokens, **kwargs):
+def _hf_generate(model, tokenizer, prompt, new_tokens, temperature: float = 0.0, **kwargs):
     enc = tokenizer([prompt], return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.eos_token_id, **kwargs)
+    if temperature > 0:  # plain sampling at that temperature, as visualspec's rows sample (no top-k, no top-p)
+        torch.manual_seed(0)
+        kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        kwargs.update(do_sample=False)
+    out = model.generate(**enc, max_new_tokens=new_tokens, pad_token_id=tokenizer.eos_token_id, **kwargs)
     return out[0, enc.input_ids.shape[1]:].tolist()
 
 
@@ -171,7 +196,8 @@ def is_ar(name: str) -> bool:
 
 
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
-            compile: str = "both", quantized=None, feature=None, feature_window: int = 4):
+            compile: str = "both", quantized=None, feature=None, feature_window: int = 4, distilled=None,
+            temperature: float = 0.0):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -184,18 +210,24 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     ``quantized``: a ``(scheme, model)`` pair, the target with quantised weights, adds its AR and
     STAND rows (eager and compiled, as ``compile`` says), named ``..., SCHEME``.
     ``feature``: the pair's feature drafter (:func:`load_feature_drafter`), whose rows draft
-    ``feature_window - 1`` tokens a step.
+    ``feature_window - 1`` tokens a step; ``distilled``: the pair's distilled draft model
+    (``draft-distilled/``, DistillSpec), drafting as the draft model rows do. ``temperature`` > 0
+    samples every row at that temperature (transformers' rows too; no top-k or top-p).
     """
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
 
     def ours(compile=False, model=target, **kw):  # eager unless the row says compiled ("auto" follows stored costs)
-        return lambda prompt, n: generate_text(model, tokenizer, prompt, max_new_tokens=n, temperature=0,
-                                               compile=compile, **kw).token_ids[0]
+        return lambda prompt, n: generate_text(model, tokenizer, prompt, max_new_tokens=n, temperature=temperature,
+                                               generator=torch.Generator().manual_seed(0), compile=compile,
+                                               **kw).token_ids[0]
+
+    def hf(**kw):
+        return lambda p, n: _hf_generate(target, tokenizer, p, n, temperature, **kw)
     dynamic = dict(drafter=draft, window=draft_window, draft_stop_below=stop_below)
     eager = {
-        "transformers assisted (draft model)": lambda p, n: _hf_generate(target, tokenizer, p, n, assistant_model=draft),
-        "transformers prompt lookup": lambda p, n: _hf_generate(target, tokenizer, p, n, prompt_lookup_num_tokens=10),
+        "transformers assisted (draft model)": hf(assistant_model=draft),
+        "transformers prompt lookup": hf(prompt_lookup_num_tokens=10),
         "visualspec AR": ours(),
         "visualspec draft model": ours(**dynamic),
         f"visualspec draft model, fixed window {window}": ours(drafter=draft, window=window),
@@ -207,8 +239,7 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         "visualspec Jacobi": ours(drafter="jacobi", window=window),
     }
     compiled = {
-        "transformers generate, static compiled": lambda p, n: _hf_generate(target, tokenizer, p, n,
-                                                                            **_static_compiled()),
+        "transformers generate, static compiled": hf(**_static_compiled()),
         "visualspec AR, compiled": ours(compile=True),
         "visualspec draft model, compiled": ours(drafter=draft, **COMPILED_DRAFT, compile=True),
         "visualspec n-gram, compiled": ours(drafter="ngram", window=window, compile=True),
@@ -217,7 +248,10 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     if feature is not None:
         eager["visualspec feature drafter"] = ours(drafter=feature, window=feature_window)
         compiled["visualspec feature drafter, compiled"] = ours(drafter=feature, window=feature_window, compile=True)
-    table = {"generate": lambda p, n: _hf_generate(target, tokenizer, p, n)}
+    if distilled is not None:
+        eager["visualspec distilled draft model"] = ours(**{**dynamic, "drafter": distilled})
+        compiled["visualspec distilled draft model, compiled"] = ours(drafter=distilled, **COMPILED_DRAFT, compile=True)
+    table = {"generate": hf()}
     table.update(eager if compile != "on" else {})
     table.update(compiled if compile != "off" else {})
     if quantized is not None:
@@ -235,12 +269,15 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
 def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: int = 6, threads: int | None = None,
                        only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
                        stop_below: float = 0.2, compile: str = "both", quantize: str | None = None,
-                       progress: bool = False, feature_window: int = 4, seed: int = 0) -> dict:
+                       progress: bool = False, feature_window: int = 4, seed: int = 0,
+                       temperature: float = 0.0) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
     fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers',
     quantised with ``quantize`` where those rows are asked for and win).
     Each method's first call (a full-length warm-up: window costs, compiled graphs) is timed
-    apart, as ``first_call_seconds``. ``progress``: a bar on stderr advancing once per generation."""
+    apart, as ``first_call_seconds``. ``progress``: a bar on stderr advancing once per generation.
+    ``temperature`` > 0 samples (each call seeded alike); outputs then differ from ``generate``'s by
+    design, and ``greedy_output_equal`` says so."""
     from tqdm.auto import tqdm
 
     if threads:
@@ -254,7 +291,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         quantized = (quantize, copy.deepcopy(target))
         quantize_model(quantized[1], quantize)
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
-                    draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window)
+                    draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window,
+                    load_distilled_draft(folder), temperature)
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     # the base model: every target forward runs it, whether through the LM class or (to return
@@ -289,7 +327,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
                          "speedup_vs_generate": round(speed[name] / speed["generate"], 3),
                          "speedup_vs_best_ar": round(speed[name] / speed[best_ar], 3),
                          "tau": round(r["tokens"] / max(r["forwards"], 1), 3),
-                         "target_forwards": r["forwards"], "greedy_output_equal": f"{equal}/{len(texts)}",
+                         "target_forwards": r["forwards"],
+                         "greedy_output_equal": f"{equal}/{len(texts)}" if temperature == 0 else "n/a (sampled)",
                          "first_call_seconds": first_call[name]}
     assisted = results.get("transformers assisted (draft model)")
 
@@ -297,7 +336,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         ours = results.get(name)
         return round(ours["speedup_vs_generate"] / assisted["speedup_vs_generate"], 3) if ours and assisted else None
     return {
-        "prompts": len(texts), "seed": seed, "new_tokens": new_tokens, "window": window, "draft_window": draft_window,
+        "prompts": len(texts), "seed": seed, "temperature": temperature, "new_tokens": new_tokens, "window": window,
+        "draft_window": draft_window,
         "feature_window": feature_window,
         "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar, "results": results,
         "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),

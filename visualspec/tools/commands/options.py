@@ -71,6 +71,8 @@ IMAGE_OPTIONS = (
     ("compile", compile_arg, "on, off or auto (default): the target's decode step through torch.compile; auto "
                              "compiles where measurements on this machine say it pays (a first --compile on run "
                              "measures them)"),
+    ("drafts", str, "LlamaGen, for sjd, lantern and gsd: jacobi (default), feature (the folder's feature drafter: "
+                    "LANTERN or GSD over learned drafts) or draft_model"),
     ("coupling", on_off, "on or off: coupled Jacobi drafts (lossless; default: the model's own)"),
     ("gsd_group_size", int, "GSD group half-width (default: the model's own)"),
     ("siblings", int, "proactive drafting: candidates at each of the first --sibling-depth draft positions, scored "

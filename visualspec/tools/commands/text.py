@@ -26,6 +26,8 @@ def register(sub, common) -> None:
                          "4 was chosen on prompts of --seed 1 (docs/experiments/2026-11-27-feature-drafter-text.md)")
     bt.add_argument("--seed", type=int, default=0,
                     help="which held-out prompts (0: the reported tables'; choices are made on others)")
+    bt.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy (every row must equal generate's output); > 0: every row samples at it")
     bt.add_argument("--only", nargs="+", help="run only these rows (and generate, the reference)")
     bt.add_argument("--multidraft-gap", action="store_true", help="also the multi-draft verifiers vs the optimum")
     bt.add_argument("--json", help="write the results here")
@@ -38,12 +40,15 @@ def run(args) -> int:
     from ..paths import check_output_file, write_text_atomic
 
     args.pair = pair_folder(args.pair)  # a missing or wrong folder is named before anything loads
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
     if args.json:
         check_output_file(args.json, "--json")
     result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
                                 draft_window=args.draft_window, stop_below=args.draft_stop_below,
                                 compile=args.compile, quantize=args.quantize, progress=True,
-                                feature_window=args.feature_window, seed=args.seed, only=args.only)
+                                feature_window=args.feature_window, seed=args.seed, only=args.only,
+                                temperature=args.temperature)
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)
     text = json.dumps(result, indent=1)

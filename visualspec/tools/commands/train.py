@@ -27,13 +27,19 @@ def register(sub, common) -> None:
     t.set_defaults(func=checked(train_shapes))
 
     t = sub.add_parser("train-drafter", parents=[common],
-                       help="train an EAGLE-style feature drafter for a text pair's target or a shapes pipeline (#50)")
+                       help="train an EAGLE-style feature drafter for a text pair's target or a shapes pipeline, "
+                            "or distil a text pair's draft model toward its target (DistillSpec) (#50)")
+    t.add_argument("--kind", choices=("eagle", "distill"), default="eagle",
+                   help="eagle: a feature drafter (text pair or shapes pipeline); distill: the pair's draft/ "
+                        "distilled on its own samples (text pairs)")
     t.add_argument("--pair", default=None, help="the text pair folder (default: the shipped assets/text-pair)")
     t.add_argument("--model", default=None,
                    help="a shapes-world LlamaGen pipeline folder to train for instead (e.g. assets/shapes-t2i)")
     t.add_argument("--out", required=True, help="folder to write (e.g. assets/text-pair/feature-drafter)")
-    t.add_argument("--work-dir", default=str(home() / "train-drafter"), help="checkpoints; rerun to resume")
-    t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipe: 1500)")
+    t.add_argument("--work-dir", default=None,
+                   help="checkpoints; rerun to resume (default: train-drafter, or train-drafter-distill, under "
+                        "visualspec's home)")
+    t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipes: 1500 eagle, 800 distill)")
     t.set_defaults(func=checked(train_drafter))
 
     for name, func, what, out, seeded in (
@@ -122,7 +128,15 @@ def train_drafter(args) -> int:
     if args.pair is not None and args.model is not None:
         raise ValueError("train-drafter trains for a text pair (--pair) or an image pipeline (--model), not both")
     overrides = {k: getattr(args, k) for k in ("steps",) if getattr(args, k) is not None}
-    if args.model is not None:
+    args.work_dir = args.work_dir or str(home() / ("train-drafter" if args.kind == "eagle" else "train-drafter-distill"))
+    if args.kind == "distill":
+        from ...training.distill import DistillConfig, train_distilled_draft
+
+        if args.model is not None:
+            raise ValueError("--kind distill distils a text pair's draft model (--pair); the shapes pipelines ship "
+                             "no draft model to distil")
+        train_distilled_draft(args.pair, args.out, args.work_dir, DistillConfig(**overrides))
+    elif args.model is not None:
         train_image_feature_drafter(args.model, args.out, args.work_dir, ImageFeatureDrafterConfig(**overrides))
     else:
         train_text_feature_drafter(args.pair, args.out, args.work_dir, FeatureDrafterConfig(**overrides))
