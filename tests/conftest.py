@@ -1,5 +1,6 @@
 """Tiny random models shared by the tests (all built offline from configs)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -7,6 +8,9 @@ import pytest
 import torch
 
 from visualspec.models.llamagen import LlamaGenGPT
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one torch thread each
+    torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

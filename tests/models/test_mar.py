@@ -75,7 +75,10 @@ def test_generation_fills_every_position_and_rows_are_independent(cfg, schedule)
     assert bool((tokens != 0).any(-1).all())  # every position was drawn
     alone = model.generate(labels[1:2], num_iter=4, cfg=cfg, cfg_schedule=schedule,
                            generator=[torch.Generator().manual_seed(1)])
-    assert torch.allclose(alone[0], tokens[1], atol=1e-5)
+    # the same draws; float32 sums of a one-row and a three-row batch round apart, and the head's
+    # sampling steps carry it (up to 1.5e-4 of a value on an AVX2 machine); another row's draws
+    # would differ in every digit
+    torch.testing.assert_close(alone[0], tokens[1], rtol=1e-3, atol=1e-5)
     assert model.unpatchify(tokens).shape == (3, 16, 4, 4)
 
 

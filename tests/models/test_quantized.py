@@ -55,8 +55,9 @@ def test_quantised_linears_change_the_logits_a_little(scheme):
 @torch.no_grad()
 def test_a_compiled_int8_layer_is_right_on_one_token_of_one_row():
     """torch 2.13 + torchao 0.18 compile an int8 linear layer wrongly for a (1, 1, K) input (one AR
-    step of one row); ``quantize_model`` runs int8 layers on 2-D inputs, which compile right. The
-    control: the same layer with torchao's own forward is wrong there."""
+    step of one row) on the AVX-512 Xeon; ``quantize_model`` runs int8 layers on 2-D inputs, which
+    compile right. The control: there, the same layer with torchao's own forward is wrong (on an
+    AVX2 machine it was right: the kernel inductor picks differs)."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 32)
     quantize_model(layer, "int8")
@@ -65,7 +66,9 @@ def test_a_compiled_int8_layer_is_right_on_one_token_of_one_row():
     assert torch.allclose(torch.compile(layer)(x), layer(x), atol=1e-6)
     del layer.forward  # back to torchao's forward: the control
     torch._dynamo.reset()
-    assert float((torch.compile(layer)(x) - layer(x)).abs().max()) > 1.0
+    wrong = float((torch.compile(layer)(x) - layer(x)).abs().max())
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        assert wrong > 1.0
 
 
 def test_stored_bytes_count_the_packed_weight_and_its_scales():

@@ -26,7 +26,7 @@ def test_divergences_on_hand_values():
 @pytest.mark.parametrize("kind", ["tvd", "fkl", "rkl", "jsd"])
 def test_each_divergence_is_zero_only_where_draft_and_target_agree(kind):
     p = torch.randn(4, 7, dtype=torch.float64)
-    assert torch.allclose(distill_divergence(p, p, kind), torch.zeros(4, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(distill_divergence(p, p, kind), torch.zeros(4), atol=1e-6)  # computed in float32
     assert (distill_divergence(p + torch.randn(4, 7, dtype=torch.float64), p, kind) > 1e-6).all()
 
 
