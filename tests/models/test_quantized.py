@@ -110,7 +110,9 @@ def test_int8_activations_keep_rows_and_positions_apart():
     assert torch.equal(logits(model, other_row)[0], window[0])
     model.prefill(torch.tensor([0, 1]), 16)
     steps = torch.cat([model.forward_window(tokens[:, i:i + 1], 1 + i) for i in range(6)], 1)
-    assert float((steps - window).abs().max()) < 1e-3 * float(window.abs().max())
+    # float noise between the shapes can cross an int8 rounding step (1/127 of a token's range): up to
+    # 1e-3 of the logits' size on the AVX-512 Xeon, 4e-3 on an AVX2 machine at one thread; a leak is O(1)
+    assert float((steps - window).abs().max()) < 1e-2 * float(window.abs().max())
 
 
 def test_a_quantised_pipeline_speculates_losslessly_and_is_not_saved(tiny_folder, tmp_path):
