@@ -230,13 +230,12 @@ def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots
     while True:
         prefix = prefix_of(rows)
         model_rows = prefix_rows(prefix)
-        timer = drafter.draft_timer(rows, num_tokens, sampling) if drafter is not None else None
-        if timer is not None:
-            step = drafted_step(model, timer, features=getattr(drafter, "wants_features", False))
-            tables[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=step,
-                                                     tag=f"drafts={drafter.cost_tag()}")
-        else:
-            tables[model_rows] = cached_window_costs(model, prefix, num_tokens)
+        forward, tag = None, None  # the target's forward alone
+        if getattr(drafter, "prices_drafts", False):
+            forward = drafted_step(model, partial(drafter.draft_timer, rows, num_tokens, sampling),
+                                   features=getattr(drafter, "wants_features", False))
+            tag = f"drafts={drafter.cost_tag()}"
+        tables[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=forward, tag=tag)
         if siblings > 1 and sibling_depth > 0:
             step = tree_step_timer(model, model_rows // rows, siblings, sibling_depth)
             trees[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=step,
@@ -254,6 +253,10 @@ def window_lengths(window) -> list[int]:
 
 
 # ---------------------------------------------------------------------- token decodings
+
+DRAFTS = ("jacobi", "feature", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
+DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "speculative": "draft_model",
+                  "feature": "feature"}
 
 TOKEN_BENCH_MODES = {
     "ar": dict(decoding="ar"),
@@ -320,10 +323,8 @@ class TokenImagePipeline(ImagePipeline):
         ``lantern_delta`` or ``lantern_lambda``) or GSD's (groups over :meth:`code_vectors`). The
         relaxed rules fall back to the exact one under greedy sampling."""
         drafter, rule = None, default_rule(sampling)
-        kind = {"speculative": "draft_model", "feature": "feature"}.get(decoding, drafts or "jacobi")
-        if decoding == "ar":
-            pass
-        elif kind == "jacobi":
+        kind = drafts or DEFAULT_DRAFTS.get(decoding)  # None for ar
+        if kind == "jacobi":
             drafter = JacobiDrafter(vocab_size, jacobi_init, grid_width=grid_width, coupling=coupling)
         elif kind == "draft_model":
             drafter = DraftModelDrafter(*draft)

@@ -14,12 +14,8 @@ from ..core.window import WINDOWS
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline
-from .image import (TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline, check_draft_compatible,
-                    window_lengths, window_policy)
-
-DRAFTS = ("jacobi", "feature", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
-DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "speculative": "draft_model",
-                  "feature": "feature"}
+from .image import (DEFAULT_DRAFTS, DRAFTS, TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline,
+                    check_draft_compatible, window_lengths, window_policy)
 
 
 @register_pipeline

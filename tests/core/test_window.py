@@ -320,7 +320,7 @@ def test_a_step_with_costly_drafts_is_priced_with_them_and_then_stays_ar(clock):
 
     model = FakeModel(clock, fixed=1e-3, per_token=1e-5)
     plain = measure_window_costs(model, torch.zeros(1), 64, repeats=1)
-    priced = measure_window_costs(model, torch.zeros(1), 64, repeats=1, forward=win.drafted_step(model, draft_timer))
+    priced = measure_window_costs(model, torch.zeros(1), 64, repeats=1, forward=win.drafted_step(model, lambda: draft_timer))
     for w in plain:
         assert priced[w] == pytest.approx(plain[w] + 0.002 * (w - 1))
     start = win.window_start(64, win.WINDOWS)

@@ -240,7 +240,7 @@ def test_a_decode_whose_window_policy_prices_the_drafts_equals_ar():
     timer(8, 3)
     assert drafter.forwards - before == 3  # the catch-up, then two one-pair steps
     costs = measure_window_costs(target, prefix, 16, windows=(1, 2, 4), repeats=1,
-                                 forward=drafted_step(target, timer, features=True))
+                                 forward=drafted_step(target, lambda: timer, features=True))
     assert sorted(costs) == [1, 2, 4] and all(c > 0 for c in costs.values())
     ar, _ = decode(target, prefix, 16, greedy)
     out, _ = decode(target, prefix, 16, greedy, drafter=drafter, window=WindowPolicy({6: {1: 1.0, 2: 1.0, 4: 1.0}}))

@@ -94,14 +94,17 @@ class Drafter:
         of rows ``rows`` after a refill (continuous batching). Only called when ``wants_features``."""
 
     #: A drafter whose drafts cost time of their own (a draft model's forwards, a feature drafter's
-    #: steps) returns a timer from this, so that a window policy prices a step with its drafts
-    #: (:func:`visualspec.core.window_costs.drafted_step`); None: drafts are free next to the
-    #: target's forward (Jacobi, n-gram lookup). The timer, called with a generated position n and
-    #: a count k, makes a proposal of k drafts at n for ``batch_size`` rows as a decode step would
-    #: (catching up the k + 1 tokens the step before committed). It uses the drafter's own state:
-    #: :meth:`start` again before decoding.
+    #: steps) sets this and offers :meth:`draft_timer`, so that a window policy prices a step with
+    #: its drafts (:func:`visualspec.core.window_costs.drafted_step`); otherwise drafts are free next
+    #: to the target's forward (Jacobi, n-gram lookup).
+    prices_drafts = False
+
     def draft_timer(self, batch_size: int, num_tokens: int, sampling: SamplingConfig):
-        return None
+        """A timer (where ``prices_drafts``): called with a generated position n and a count k, it
+        makes a proposal of k drafts at n for ``batch_size`` rows as a decode step would (catching up
+        the k + 1 tokens the step before committed). It uses the drafter's own state: :meth:`start`
+        again before decoding."""
+        raise NotImplementedError(f"{type(self).__name__}'s drafts are free: it has no draft timer")
 
     def cost_tag(self) -> str:
         """What a table of steps with this drafter's drafts is kept under beside the target's own

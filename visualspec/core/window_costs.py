@@ -100,19 +100,23 @@ def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Seque
     return {w: statistics.median(t[1:]) for w, t in times.items()}
 
 
-def drafted_step(model, draft_timer: Callable[[int, int], Any], features: bool = False) -> Callable:
+def drafted_step(model, make_timer: Callable[[], Callable[[int, int], Any]], features: bool = False) -> Callable:
     """A stand-in for one decode step with a drafter's drafts, to time with
     :func:`measure_window_costs` (``forward=``): called with tokens (model rows, W) and a start, the
     target's window forward (``features=True`` for a drafter that reads them), then the drafter's
-    proposal of W - 1 drafts at that position (``draft_timer(max(start, 1), W - 1)``, from
-    :meth:`visualspec.core.engine.Drafter.draft_timer`). W = 1 is the forward alone: a plain AR
-    step. The cost of a window is then c(W) = forward(W) + drafts(W - 1), the whole step the
-    window policy must weigh against AR's."""
+    proposal of W - 1 drafts at that position (``timer(max(start, 1), W - 1)``, the timer that
+    ``make_timer()`` returns, e.g. from :meth:`visualspec.core.engine.Drafter.draft_timer`; made at
+    the first call, so a table read from the cache sets up nothing). W = 1 is the forward alone: a
+    plain AR step. The cost of a window is then c(W) = forward(W) + drafts(W - 1), the whole step
+    the window policy must weigh against AR's."""
+    timer = None
 
     def step(tokens: torch.Tensor, start) -> None:
+        nonlocal timer
         model.forward_window(tokens, start, **({"features": True} if features else {}))
         if tokens.shape[1] > 1:
-            draft_timer(max(int(start), 1), tokens.shape[1] - 1)  # a proposal follows >= 1 committed token
+            timer = timer or make_timer()
+            timer(max(int(start), 1), tokens.shape[1] - 1)  # a proposal follows >= 1 committed token
 
     return step
 
@@ -175,14 +179,18 @@ def config_hash(model) -> str:
     return hashlib.sha256(_config_text(model).encode()).hexdigest()[:16]
 
 
+def first_parameter(model) -> torch.Tensor | None:
+    """The first parameter of the model or of the module it wraps (:func:`_modules`), else None."""
+    return next((p for obj in _modules(model) if isinstance(obj, torch.nn.Module) for p in obj.parameters()), None)
+
+
 def cost_signature(model, rows: int, max_new_tokens: int, compiled: bool | None = None) -> str:
     """The cache key of a cost table: model class, a hash of its config, parameter dtype, device
     type, machine, torch threads, torch version, model batch rows and ``max_new_tokens``, and
     ``|compiled`` for a compiled step (default: whether the model's ``compiled_step`` is on)."""
     if compiled is None:
         compiled = bool(getattr(model, "compiled_step", False))
-    param = next((p for obj in _modules(model) if isinstance(obj, torch.nn.Module)
-                  for p in obj.parameters()), None)
+    param = first_parameter(model)
     dtype, device = (str(param.dtype), param.device) if param is not None else ("unknown", torch.device("cpu"))
     return "|".join([type(model).__name__, f"config={config_hash(model)}", dtype.replace("torch.", ""), device.type,
                      machine_name(device), platform.machine(), f"threads={torch.get_num_threads()}",

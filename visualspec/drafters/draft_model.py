@@ -12,7 +12,7 @@ from ..core.checks import check_positive_int
 from ..core.engine import Drafter
 from ..core.multidraft import DraftTree, gumbel_top_k, iid_drafts
 from ..core.rows import per_row
-from ..core.window_costs import config_hash
+from ..core.window_costs import config_hash, first_parameter
 
 
 class DraftModelDrafter(Drafter):
@@ -30,6 +30,8 @@ class DraftModelDrafter(Drafter):
     on the draft model's own outputs, so verification stays lossless; it saves draft forwards that
     would likely be rejected, and lets a long ``window`` pay off where the draft is sure.
     """
+
+    prices_drafts = True
 
     def __init__(self, model, prefix, tree_scheme: str = "without_replacement", stop_below: float | None = None):
         if tree_scheme not in ("without_replacement", "iid"):
@@ -104,7 +106,8 @@ class DraftModelDrafter(Drafter):
         ``stop_below`` is a saving the timer does not count), after a prefill of ``batch_size``
         rows (the prefix must cover them: a function of the request indices does)."""
         self.start(batch_size, num_tokens, sampling)
-        tokens = torch.zeros(batch_size, num_tokens, dtype=torch.long, device=self._device())
+        param = first_parameter(self.model)
+        tokens = torch.zeros(batch_size, num_tokens, dtype=torch.long, device=None if param is None else param.device)
         filled = 0  # positions the draft cache holds (a cache that grows must hold those before a forward)
 
         def propose(n: int, k: int) -> None:
@@ -122,11 +125,6 @@ class DraftModelDrafter(Drafter):
             filled = n + k - 1
 
         return propose
-
-    def _device(self):
-        module = self.model if isinstance(self.model, torch.nn.Module) else getattr(self.model, "model", None)
-        param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
-        return param.device if param is not None else torch.device("cpu")
 
     def cost_tag(self):
         return f"{type(self).__name__}={config_hash(self.model)}"

@@ -35,6 +35,7 @@ class FeatureDrafter(Drafter):
     """
 
     wants_features = True
+    prices_drafts = True
 
     def __init__(self, model, target, prefix=None):
         self.model, self.target, self.prefix = model, target, prefix

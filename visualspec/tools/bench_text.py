@@ -58,16 +58,21 @@ def pair_folder(folder=None) -> Path:
 
 def load_pair(folder=None):
     """(tokenizer, target, draft) of a text pair folder (:func:`pair_folder`; default: the shipped one)."""
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     from .loading import quiet_loaders
 
     folder = pair_folder(folder)
     quiet_loaders()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
-    target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32, use_safetensors=True).eval()
-    draft = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32, use_safetensors=True).eval()
-    return tokenizer, target, draft
+    return tokenizer, _causal_lm(folder / "target"), _causal_lm(folder / "draft")
+
+
+def _causal_lm(path: Path):
+    """A pair's transformers model folder, in float32, for inference."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).eval()
 
 
 FEATURE_DRAFTER = "feature-drafter"  # the pair's optional EAGLE-style drafter folder (train-drafter's output)
@@ -76,12 +81,8 @@ DISTILLED_DRAFT = "draft-distilled"  # the pair's optional DistillSpec draft (tr
 
 def load_distilled_draft(folder=None):
     """The pair's distilled draft model (``draft-distilled/``, in float32), or None where it has none."""
-    from transformers import AutoModelForCausalLM
-
     path = pair_folder(folder) / DISTILLED_DRAFT
-    if not (path / "config.json").is_file():
-        return None
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).eval()
+    return _causal_lm(path) if (path / "config.json").is_file() else None
 
 
 def load_feature_drafter(folder=None):

@@ -107,18 +107,14 @@ def train_distilled_draft(pair: str | None, out: str, work_dir: str, cfg: Distil
     against its target; write the distilled draft (a transformers folder, float16) to ``out``."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from ..assets import TEXT_PAIR
-    from .text import encode_corpus, stdlib_files
+    from .text import encode_corpus, stdlib_files, text_pair_folder
 
     cfg = cfg or DistillConfig()
     if cfg.divergence not in DIVERGENCES:
         raise ValueError(f"unknown divergence {cfg.divergence!r}; choose one of {DIVERGENCES}")
     if not 0.0 <= cfg.on_policy <= 1.0:
         raise ValueError(f"on_policy is a share of the rows in [0, 1], got {cfg.on_policy}")
-    folder = Path(pair) if pair is not None else TEXT_PAIR
-    for part in ("tokenizer", "target", "draft"):
-        if not (folder / part).is_dir():
-            raise FileNotFoundError(f"{str(folder)!r} is not a text pair folder: it has no {part}/ (train-text writes it)")
+    folder = text_pair_folder(pair)
     work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()

@@ -91,15 +91,11 @@ def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: F
     """Run (or resume) the drafter's training against the target of text pair ``pair``; write it to ``out``."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from ..assets import TEXT_PAIR
     from ..models.feature_drafter import FeatureDraftModel, weights_hash
-    from .text import encode_corpus, stdlib_files
+    from .text import encode_corpus, stdlib_files, text_pair_folder
 
     cfg = cfg or FeatureDrafterConfig()
-    folder = Path(pair) if pair is not None else TEXT_PAIR
-    for part in ("tokenizer", "target"):
-        if not (folder / part).is_dir():
-            raise FileNotFoundError(f"{str(folder)!r} is not a text pair folder: it has no {part}/ (train-text writes it)")
+    folder = text_pair_folder(pair, ("tokenizer", "target"))
     work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.time()

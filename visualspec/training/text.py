@@ -87,6 +87,18 @@ def train_tokenizer(files: list[Path], vocab_size: int):
                                    unk_token="<|endoftext|>")
 
 
+def text_pair_folder(pair, parts=("tokenizer", "target", "draft")) -> Path:
+    """The text pair folder ``pair`` (None: the shipped ``assets/text-pair``), checked to hold
+    ``parts``: a FileNotFoundError names the first missing one."""
+    from ..assets import TEXT_PAIR
+
+    folder = Path(pair) if pair is not None else TEXT_PAIR
+    for part in parts:
+        if not (folder / part).is_dir():
+            raise FileNotFoundError(f"{str(folder)!r} is not a text pair folder: it has no {part}/ (train-text writes it)")
+    return folder
+
+
 def encode_corpus(tokenizer, files: list[Path]) -> torch.Tensor:
     """All files as one stream of token ids, each file followed by the end-of-text token."""
     ids = []
