@@ -52,6 +52,14 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
                                                                                          torch.finfo(dtype).min)
 
 
+def linear_rows(layer: torch.nn.Module, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight (K, D) and bias (K,) or None of a linear layer's output rows ``rows`` (K,), copied
+    contiguous and detached: the layer restricted to K of its outputs, for K/V of its cost."""
+    rows = rows.to(layer.weight.device)
+    bias = getattr(layer, "bias", None)
+    return layer.weight.detach()[rows].contiguous(), None if bias is None else bias.detach()[rows]
+
+
 class HFCausalLM:
     """Adapter from a transformers ``AutoModelForCausalLM`` to :class:`visualspec.core.engine.TokenModel`.
 
@@ -104,9 +112,7 @@ class HFCausalLM:
             if model.base_model is model:
                 raise ValueError(f"cannot trim the LM head of {type(model).__name__}: it has no separate base model")
             self.head_rows = rows.long()
-            self.head_weight = head.weight.detach()[self.head_rows].contiguous()  # (K, hidden)
-            bias = getattr(head, "bias", None)
-            self.head_bias = None if bias is None else bias.detach()[self.head_rows]
+            self.head_weight, self.head_bias = linear_rows(head, self.head_rows)  # (K, hidden), (K,)
             self.softcap = getattr(model.config, "final_logit_softcapping", None)
 
     def _logits(self, last_only: bool = False, features: bool = False, **inputs):
@@ -141,6 +147,15 @@ class HFCausalLM:
             return self.model.get_output_embeddings()(features).float()
         logits = torch.nn.functional.linear(features, self.head_weight, self.head_bias)
         return (torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits).float()
+
+    def kept_head(self, keep: torch.Tensor):
+        """The LM head of :meth:`head` restricted to token ids ``keep`` (K,): a function of features
+        (..., D) giving logits (..., K) in float32, :meth:`head`'s columns at ``keep`` for K/V of its
+        cost (a feature drafter's frequency-ranked draft head, FR-Spec)."""
+        if self.head_rows is not None:
+            raise ValueError("this target's LM head is trimmed already (head_rows); give the full model")
+        weight, bias = linear_rows(self.model.get_output_embeddings(), keep)
+        return lambda features: torch.nn.functional.linear(features, weight, bias).float()
 
     @property
     def feature_size(self) -> int:

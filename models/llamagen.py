@@ -41,6 +41,7 @@ from torch import nn
 from visualspec.core.compiled import COMPILED_WINDOWS, bucket_slots, fixed_address, step_compiler
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
+from .hf import linear_rows
 from .rotary import apply_rope
 
 # name -> (n_layer, n_head, dim); all official sizes (head_dim = dim / n_head, 100 for 3B)
@@ -442,8 +443,18 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
         """The output head on ``features`` (the final norm's output, as ``features=True`` returns them)."""
-        out = self.output(features)
-        return out if out.dtype == torch.float64 else out.float()
+        return self._head_dtype(self.output(features))
+
+    @staticmethod
+    def _head_dtype(logits: torch.Tensor) -> torch.Tensor:
+        """Logits in float32 (float64 ones kept: the tests' exact models)."""
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def kept_head(self, keep: torch.Tensor):
+        """:meth:`head` restricted to token ids ``keep`` (K,): features (..., D) -> logits (..., K),
+        for K/V of its cost (a feature drafter's frequency-ranked draft head)."""
+        weight, bias = linear_rows(self.output, keep)
+        return lambda features: self._head_dtype(torch.nn.functional.linear(features, weight, bias))
 
     @property
     def feature_size(self) -> int:

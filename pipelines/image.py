@@ -33,6 +33,7 @@ from ..core.checks import check_positive_int, is_int
 from ..core.sampling import SamplingConfig
 from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
+from ..core.window_costs import window_policy
 from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, JacobiDrafter
 from ..models.feature_drafter import check_target
 from .base import VisualSpecPipeline
@@ -207,42 +208,6 @@ class ImagePipeline(VisualSpecPipeline):
         sampling = SamplingConfig() if scale is None else SamplingConfig(guidance_scale=scale)
         plan = self.window_plan(prompts, batch_size, sampling)
         return {} if plan is None else window_policy(*plan, batch_size).tables
-
-
-def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots: int, siblings: int = 1,
-                  sibling_depth: int = 2, drafter=None, sampling: SamplingConfig | None = None):
-    """The :class:`visualspec.core.window.WindowPolicy` of ``window="auto"`` at ``slots`` images, for
-    every pipeline: cost tables at slots, slots/2, ..., 1 images (the batch shrinks as images
-    finish), measured once per model and batch size on this machine and cached on disk; with
-    ``siblings`` > 1 also the cost of whole sibling-tree steps
-    (:func:`visualspec.core.proactive.tree_step_timer`). A compiled step runs every cache row
-    however many images are left, so its table at ``slots`` images serves the whole call.
-
-    A ``drafter`` whose drafts cost time (its ``draft_timer``: a draft model, a feature drafter)
-    is priced with them: each table is of whole steps, the window's forward and the W - 1 drafts
-    (:func:`visualspec.core.window_costs.drafted_step`, under ``sampling``), so the policy takes
-    W = 1, plain AR, wherever the drafts cost more than they save."""
-    from ..core.proactive import tree_step_timer
-    from ..core.window import WindowPolicy, prefix_rows
-    from ..core.window_costs import cached_window_costs, drafted_step
-
-    tables, trees, rows = {}, {}, slots
-    while True:
-        prefix = prefix_of(rows)
-        model_rows = prefix_rows(prefix)
-        forward, tag = None, None  # the target's forward alone
-        if getattr(drafter, "prices_drafts", False):
-            forward = drafted_step(model, partial(drafter.draft_timer, rows, num_tokens, sampling),
-                                   features=getattr(drafter, "wants_features", False))
-            tag = f"drafts={drafter.cost_tag()}"
-        tables[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=forward, tag=tag)
-        if siblings > 1 and sibling_depth > 0:
-            step = tree_step_timer(model, model_rows // rows, siblings, sibling_depth)
-            trees[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=step,
-                                                    tag=f"tree={siblings}x{sibling_depth}")
-        if rows == 1 or getattr(model, "compiled_step", False):
-            return WindowPolicy(tables, trees)
-        rows = max(1, rows // 2)
 
 
 def window_lengths(window) -> list[int]:

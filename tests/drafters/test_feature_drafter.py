@@ -136,6 +136,64 @@ def test_feature_drafts_are_lossless():
     assert not chi_square_fit(control, seqs, probs).passed
 
 
+def test_a_draft_vocabulary_keeps_drafts_lossless():
+    """FR-Spec: drafts from the head's kept rows only (tokens 1 and 3 of 4). 8,000 sequences fit the
+    exact law; the control draws the same kept-only drafts but reports the untrimmed head's law
+    for them (a drafter that forgot its trim), and the fit must fail."""
+    target = HFCausalLM(tiny_hf("llama", vocab_size=V))
+    net, keep = drafter_net(target, seed=3), [1, 3]
+
+    def make_prefix(rows):
+        return torch.tensor([PROMPT]).expand(rows, len(PROMPT))
+
+    class ForgotTrim(FeatureDrafter):
+        def _draw(self, features, generator):
+            drafts, _ = super()._draw(features, generator)
+            return drafts, self.sampling.probs(self.target.head(features[:, None].to(self.real.dtype))[:, 0])
+
+    sampling = SamplingConfig(**V_SEQ)
+    seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
+    drafted = []
+
+    class Kept(FeatureDrafter):
+        def propose(self, tokens, n, k, generator=None):
+            drafts, q = super().propose(tokens, n, k, generator)
+            drafted.append((drafts, q))
+            return drafts, q
+
+    drawn = sample_sequences(target, make_prefix, N, sampling, 8000, batch=128, window=3,
+                             drafter_factory=lambda rows: Kept(net, target, make_prefix(rows), keep=keep))
+    fit = chi_square_fit(drawn, seqs, probs)
+    assert fit.passed, fit
+    drafts = torch.cat([d.flatten() for d, _ in drafted])
+    q = torch.cat([q.flatten(0, 1) for _, q in drafted])
+    assert set(drafts.tolist()) == {1, 3} and float(q[:, [0, 2]].abs().max()) == 0.0
+    control = sample_sequences(target, make_prefix, N, sampling, 8000, batch=128, window=3,
+                               drafter_factory=lambda rows: ForgotTrim(net, target, make_prefix(rows), keep=keep))
+    bad = chi_square_fit(control, seqs, probs)
+    assert not bad.passed, bad
+
+
+def test_a_draft_vocabulary_is_checked():
+    from conftest import tiny_llamagen
+
+    target = HFCausalLM(tiny_hf("llama"))
+    with pytest.raises(ValueError, match="vocab"):
+        FeatureDrafter(drafter_net(target), target, keep=[3, 64])
+    trimmed = HFCausalLM(tiny_hf("llama"), head_rows=[1, 2])
+    with pytest.raises(ValueError, match="trimmed already"):
+        FeatureDrafter(drafter_net(target), trimmed, keep=[3])
+
+    class NoKeptHead:
+        vocab_size = 16
+
+    with pytest.raises(ValueError, match="kept_head"):
+        FeatureDrafter(drafter_net(target), NoKeptHead(), keep=[3])
+    image = tiny_llamagen(vocab_size=16)
+    features = torch.randn(2, 32, dtype=torch.float64)
+    torch.testing.assert_close(image.kept_head(torch.tensor([2, 9]))(features), image.head(features)[:, [2, 9]])
+
+
 def test_a_target_without_features_is_named():
     from conftest import tiny_llamagen
 
@@ -173,15 +231,15 @@ def test_proactive_trees_refuse_a_feature_drafter():
                window=3, siblings=2)
 
 
-@pytest.mark.parametrize("compile", [False, True])
-def test_generate_text_takes_a_feature_drafter(compile, tokenizer):
+@pytest.mark.parametrize("compile,draft_vocab", [(False, None), (True, None), (False, 16)])
+def test_generate_text_takes_a_feature_drafter(compile, draft_vocab, tokenizer):
     from conftest import generate_reference
     from visualspec.text import generate_text
 
     model = tiny_hf("llama", vocab_size=64)
     net = drafter_net(HFCausalLM(model))
     out = generate_text(model, tokenizer, ["w1 w2 w3", "w4"], drafter=net, window=4, max_new_tokens=10,
-                        temperature=0, compile=compile)
+                        temperature=0, compile=compile, draft_vocab=draft_vocab)
     assert out.stats.mode == "feature drafter" + ("+compiled" if compile else "")
     for prompt, ids in zip(["w1 w2 w3", "w4"], out.token_ids):
         assert ids == generate_reference(model, tokenizer, prompt, 10)[:len(ids)]

@@ -243,7 +243,8 @@ def test_bench_text_compile_choices_pick_the_rows():
     rows = {c: set(methods(None, None, Tokenizer(), compile=c)) for c in ("off", "on", "both")}
     assert rows["on"] == {"generate", "transformers generate, static compiled", "visualspec AR, compiled",
                           "visualspec draft model, compiled", "visualspec n-gram, compiled",
-                          "visualspec STAND, compiled"}
+                          "visualspec STAND, compiled", "visualspec draft model, compiled, auto window",
+                          "visualspec n-gram, compiled, auto window", "visualspec STAND, compiled, auto window"}
     assert rows["both"] == rows["on"] | rows["off"] and not rows["on"] & rows["off"] - {"generate"}
     with pytest.raises(ValueError, match="compile must be one of"):
         methods(None, None, Tokenizer(), compile="yes")

@@ -22,6 +22,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +30,8 @@ import torch
 
 from .checks import check_positive_int
 from .home import home
-from .window import WINDOWS, prefix_rows
+from .proactive import tree_step_timer
+from .window import WINDOWS, WindowPolicy, prefix_rows
 
 CACHE_FILE = "window_costs.json"
 _clock = time.perf_counter  # one name, so tests can swap in a fake clock
@@ -284,3 +286,39 @@ def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequen
     except OSError as e:
         warnings.warn(f"could not write the window cost cache {path}: {e}")
     return measured
+
+
+# ---------------------------------------------------------------------------- the policy of window="auto"
+
+def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots: int, siblings: int = 1,
+                  sibling_depth: int = 2, drafter=None, sampling=None):
+    """The :class:`visualspec.core.window.WindowPolicy` of ``window="auto"`` at ``slots`` samples
+    (images, or rows of text), for every pipeline and :func:`visualspec.text.generate_text`: cost
+    tables at slots, slots/2, ..., 1 samples (the batch shrinks as samples finish), measured once
+    per model and batch size on this machine and cached on disk; ``prefix_of(r)`` is the prefix
+    of the first r samples; with
+    ``siblings`` > 1 also the cost of whole sibling-tree steps
+    (:func:`visualspec.core.proactive.tree_step_timer`). A compiled step runs every cache row
+    however many samples are left, so its table at ``slots`` samples serves the whole call.
+
+    A ``drafter`` whose drafts cost time (its ``draft_timer``: a draft model, a feature drafter)
+    is priced with them: each table is of whole steps, the window's forward and the W - 1 drafts
+    (:func:`drafted_step`, under ``sampling``), so the policy takes
+    W = 1, plain AR, wherever the drafts cost more than they save."""
+    tables, trees, rows = {}, {}, slots
+    while True:
+        prefix = prefix_of(rows)
+        model_rows = prefix_rows(prefix)
+        forward, tag = None, None  # the target's forward alone
+        if getattr(drafter, "prices_drafts", False):
+            forward = drafted_step(model, partial(drafter.draft_timer, rows, num_tokens, sampling),
+                                   features=getattr(drafter, "wants_features", False))
+            tag = f"drafts={drafter.cost_tag()}"
+        tables[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=forward, tag=tag)
+        if siblings > 1 and sibling_depth > 0:
+            step = tree_step_timer(model, model_rows // rows, siblings, sibling_depth)
+            trees[model_rows] = cached_window_costs(model, prefix, num_tokens, forward=step,
+                                                    tag=f"tree={siblings}x{sibling_depth}")
+        if rows == 1 or getattr(model, "compiled_step", False):
+            return WindowPolicy(tables, trees)
+        rows = max(1, rows // 2)

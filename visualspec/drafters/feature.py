@@ -7,11 +7,14 @@ after the prefill (:meth:`FeatureDrafter.prefix_features`) and those of every ve
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..core.engine import Drafter
 from ..core.rows import per_row
 from ..core.window_costs import config_hash
+from .draft_model import kept_token_ids
 
 
 class FeatureDrafter(Drafter):
@@ -32,14 +35,28 @@ class FeatureDrafter(Drafter):
     feature it predicted (feature-level autoregression). Each draft is drawn from q, the sampling's
     distribution of the target's head on the predicted feature (guidance, temperature, top-k, top-p
     alike), and q is returned, so the exact rule keeps decoding lossless.
+
+    ``keep`` (K token ids, e.g. :func:`visualspec.drafters.frequent_tokens` of text like the
+    target's) restricts the drafts to those tokens (FR-Spec, Zhao et al. 2025: a frequency-ranked
+    draft vocabulary): the head is computed on the K kept rows only (the target's ``kept_head``),
+    so a draft's head costs K/V of the full one, and q is zero outside them, as
+    :class:`visualspec.drafters.VocabTrimDrafter` does for a draft model. Still lossless: a token
+    outside the kept set comes from the residual.
     """
 
     wants_features = True
     prices_drafts = True
 
-    def __init__(self, model, target, prefix=None):
+    def __init__(self, model, target, prefix=None, keep=None):
         self.model, self.target, self.prefix = model, target, prefix
         self._forwards = 0
+        self.keep = None
+        if keep is not None:
+            if not hasattr(target, "kept_head"):
+                raise ValueError(f"a draft vocabulary (keep) needs a target whose LM head can be restricted to it "
+                                 f"(kept_head); {type(target).__name__} has none")
+            self.keep = kept_token_ids(keep, target.vocab_size)
+            self._kept_head = target.kept_head(self.keep)
 
     @property
     def forwards(self):
@@ -47,6 +64,7 @@ class FeatureDrafter(Drafter):
 
     def start(self, batch_size, num_tokens, sampling):
         self.sampling, self.batch_size, self.N = sampling, batch_size, num_tokens
+        self._unguided = dataclasses.replace(sampling, guidance_scale=1.0)
         self._forwards = 0
         self.real = None
 
@@ -103,7 +121,13 @@ class FeatureDrafter(Drafter):
 
     def _draw(self, features, generator):
         """Drafts (B,) and their law q (B, V) from predicted features (model rows, D)."""
-        q = self.sampling.probs(self.target.head(features[:, None].to(self.real.dtype))[:, 0])
+        features = features.to(self.real.dtype)
+        if self.keep is None:
+            q = self.sampling.probs(self.target.head(features[:, None])[:, 0])
+        else:  # guidance on the K kept logits, then -inf outside them
+            kept = self.sampling.guide(self._kept_head(features))
+            full = kept.new_full((kept.shape[0], self.target.vocab_size), float("-inf"))
+            q = self._unguided.probs(full.index_copy_(-1, self.keep.to(kept.device), kept))
         return self.sampling.draw(q, generator), q
 
     def propose(self, tokens, n, k, generator=None):
@@ -164,7 +188,8 @@ class FeatureDrafter(Drafter):
         return propose
 
     def cost_tag(self):
-        return f"{type(self).__name__}={config_hash(self.model)}"
+        kept = "" if self.keep is None else f"|kept={len(self.keep)}"
+        return f"{type(self).__name__}={config_hash(self.model)}{kept}"
 
     def reset(self, rows, requests):
         if self.prefix is not None and not callable(self.prefix):

@@ -45,6 +45,8 @@ from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
 from ..core.stats import DecodeStats
 from ..core.tree import decode_tree
 from ..core.verify import default_rule, typical_verify
+from ..core.window import WINDOWS
+from ..core.window_costs import window_policy
 
 DRAFTERS = ("ngram", "jacobi", "stand")
 ACCEPTANCE = ("exact", "typical")
@@ -111,14 +113,16 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
                              f"(visualspec train-drafter) or pass a draft model")
         drafter = FeatureDraftModel.from_pretrained(drafter, torch_dtype=next(model.parameters()).dtype).eval()
     model_free = drafter is None or isinstance(drafter, (str, FeatureDraftModel))
-    if model_free and draft_vocab is not None:
-        raise ValueError(f"draft_vocab trims a draft model's LM head; it needs a draft model, not drafter={drafter!r}")
+    if draft_vocab is not None and (drafter is None or isinstance(drafter, str)):
+        raise ValueError(f"draft_vocab trims the drafts' LM head; it needs a draft model or a feature drafter, "
+                         f"not drafter={drafter!r}")
     if model_free and stop_below is not None:
         raise ValueError(f"draft_stop_below ends a draft model's drafts early; it needs a draft model, "
                          f"not drafter={drafter!r}")
     if drafter is None:
         return None
     rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+    keep = None if draft_vocab is None else _draft_vocab(draft_vocab, _vocab_size(model), rows, eos)
     if isinstance(drafter, str):
         if drafter == "ngram":
             return NGramDrafter(rows, max_ngram=ngram)
@@ -127,7 +131,7 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         return JacobiDrafter(_vocab_size(model), "repeat_left")
     if isinstance(drafter, FeatureDraftModel):
         check_target(drafter, model, target.feature_size)
-        return FeatureDrafter(drafter, target, prefix)
+        return FeatureDrafter(drafter, target, prefix, keep=keep)
     if not hasattr(drafter, "get_output_embeddings"):
         raise TypeError(f"drafter must be a transformers model, a feature drafter or one of {DRAFTERS}, "
                         f"not {type(drafter).__name__}")
@@ -136,7 +140,6 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
                          f"({_vocab_size(model)}); draft and target must share one tokenizer")
     if draft_vocab is None:
         return DraftModelDrafter(_token_model(drafter, compile), prefix, stop_below=stop_below)
-    keep = _draft_vocab(draft_vocab, _vocab_size(model), rows, eos)
     return VocabTrimDrafter(_token_model(drafter, compile, head_rows=keep), prefix, keep, stop_below=stop_below)
 
 
@@ -160,10 +163,13 @@ def _tree_args(branches, depth, window, multidraft, drafter, acceptance):
     rule, scheme = MULTIDRAFT[multidraft]
     if drafter == "stand" and scheme != "without_replacement":
         raise ValueError("drafter='stand' drafts without replacement (Gumbel-top-k); use multidraft='rsd'")
+    if window == "auto" and depth is None:
+        raise ValueError(f"a draft tree (branches={branches}) has a fixed shape; give its depth (depth=) or an "
+                         f"integer window (window='auto' picks a chain's window)")
     depth = (window - 1) // branches if depth is None else depth
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"the draft tree needs depth >= 1; got depth={depth!r} (window={window}, branches={branches})")
-    if 1 + branches * depth > window:
+    if window != "auto" and 1 + branches * depth > window:
         raise ValueError(f"a tree of {branches} x {depth} drafts plus the root is {1 + branches * depth} tokens, "
                          f"larger than the window of {window}")
     return depth, rule, scheme
@@ -172,7 +178,7 @@ def _tree_args(branches, depth, window, multidraft, drafter, acceptance):
 @torch.no_grad()
 def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exact", max_new_tokens: int = 64,
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                  generator=None, window: int = 8, ngram: int = 3, typical_epsilon: float = 0.09,
+                  generator=None, window: int | str = "auto", ngram: int = 3, typical_epsilon: float = 0.09,
                   typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
                   multidraft: str = "rsd", draft_stop_below: float | None = None,
                   compile="auto") -> TextOutput:
@@ -180,9 +186,15 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
 
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
     ``"stand"``; ``ngram``: the longest n-gram of ``"ngram"`` and ``"stand"``;
-    ``window``: tokens per target forward (``window - 1`` drafts); ``temperature=0`` is greedy.
+    ``window``: tokens per target forward (``window - 1`` drafts), or ``"auto"`` (the default): the
+    engine picks it each step from what a step of each window costs on this machine (measured once
+    per model and batch size, cached on disk, the drafts' own cost included for a draft model and a
+    feature drafter) and the acceptance seen so far, and decodes plain AR (W = 1) wherever
+    speculating would be slower (:func:`visualspec.core.window_costs.window_policy`).
+    ``temperature=0`` is greedy.
 
-    ``draft_vocab`` (with a draft model only) turns the draft model into VocabTrim: its LM head
+    ``draft_vocab`` (with a draft model or a feature drafter) trims the draft LM head to a kept set
+    of tokens (VocabTrim; FR-Spec for a feature drafter, whose drafts read the target's head): it
     computes only the kept token ids, and drafts are always kept tokens (still lossless). Give the
     kept ids as a list or 1-D tensor (e.g. :func:`visualspec.drafters.frequent_tokens` of text the
     target generated), or an int K: then the kept set is the EOS token, the tokens of the prompt(s)
@@ -213,20 +225,27 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"unknown acceptance {acceptance!r}; choose one of {ACCEPTANCE}")
     check_positive_int("max_new_tokens", max_new_tokens)
-    check_positive_int("window", window)
+    if window != "auto":
+        check_positive_int("window", window)
     check_sampling_args(temperature, top_k, top_p, 1.0)
     check_compile(compile)
     tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
     if tree is not None and draft_stop_below is not None:
         raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
+    if tree is not None and window == "auto":  # a tree's window is its size
+        window = 1 + branches * tree[0]
     prompts, input_ids, attention_mask = _encode(tokenizer, prompt)
     device = next(model.parameters()).device
     prefix = (input_ids.to(device), attention_mask.to(device))
+
+    def prefix_of(requests):  # the prompts of some rows (the window policy times the first r)
+        return prefix[0][requests], prefix[1][requests]
+
     target = HFCausalLM(model)
     rows = input_ids.shape[0]
-    compile = compiled_step(target, compile, lambda r: (prefix[0][:r], prefix[1][:r]), max_new_tokens, rows, rows)
+    compile = compiled_step(target, compile, lambda r: prefix_of(list(range(r))), max_new_tokens, rows, rows)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
+    drafts = _drafter(drafter, model, prefix_of, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
                       draft_stop_below, compile, target)
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
@@ -241,8 +260,10 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     if compile:
         mode += "+compiled"
     generator = make_generator(seed, generator, device=device)
+    if drafts is None:
+        window = 1
+    windows = [w for w in WINDOWS if w <= max_new_tokens] if window == "auto" else range(1, window + 1)
     if compile:  # every window bucket of the decode, before it (announced; once per process)
-        windows = range(1, window + 1) if drafts is not None else (1,)
         target.precompile(prefix, max_new_tokens, windows, features=getattr(drafts, "wants_features", False))
         if isinstance(drafts, DraftModelDrafter):
             drafts.model.precompile(prefix, max_new_tokens, windows)
@@ -252,6 +273,9 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                                     {drafts.model.pairs_bucket(w) for w in windows})
     elif isinstance(drafts, FeatureDrafter):
         drafts.model.compile_step(False)
+    if window == "auto" and tree is None:  # measured on the step the decode runs: compiled or eager, drafts priced
+        window = window_policy(target, lambda r: prefix_of(list(range(r))), max_new_tokens, rows, drafter=drafts,
+                               sampling=sampling)
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)

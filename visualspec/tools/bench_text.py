@@ -202,7 +202,8 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
-    model row; the main draft model rows draft up to ``draft_window - 1`` tokens and stop early
+    model row (the compiled rows named ``auto window`` choose it each step instead, as
+    ``generate_text``'s default ``window="auto"`` does); the main draft model rows draft up to ``draft_window - 1`` tokens and stop early
     below ``stop_below`` (as transformers' assisted generation stops below its confidence threshold).
     ``compile``: ``"off"``, the eager rows; ``"on"``, the compiled rows (visualspec's on a static
     cache, :func:`visualspec.text.generate_text` with ``compile=True``, and transformers' static
@@ -211,7 +212,8 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     ``quantized``: a ``(scheme, model)`` pair, the target with quantised weights, adds its AR and
     STAND rows (eager and compiled, as ``compile`` says), named ``..., SCHEME``.
     ``feature``: the pair's feature drafter (:func:`load_feature_drafter`), whose rows draft
-    ``feature_window - 1`` tokens a step; ``distilled``: the pair's distilled draft model
+    ``feature_window - 1`` tokens a step (its ``FR-Spec 1/4`` rows draft from the head's ``kept``
+    rows only, the VocabTrim row's set); ``distilled``: the pair's distilled draft model
     (``draft-distilled/``, DistillSpec), drafting as the draft model rows do. ``temperature`` > 0
     samples every row at that temperature (transformers' rows too; no top-k or top-p).
     """
@@ -245,10 +247,18 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         "visualspec draft model, compiled": ours(drafter=draft, **COMPILED_DRAFT, compile=True),
         "visualspec n-gram, compiled": ours(drafter="ngram", window=window, compile=True),
         "visualspec STAND, compiled": ours(drafter="stand", window=window, compile=True),
+        # window="auto": each step's window from this machine's measured step costs, drafts priced
+        "visualspec draft model, compiled, auto window": ours(drafter=draft, compile=True),
+        "visualspec n-gram, compiled, auto window": ours(drafter="ngram", compile=True),
+        "visualspec STAND, compiled, auto window": ours(drafter="stand", compile=True),
     }
     if feature is not None:
         eager["visualspec feature drafter"] = ours(drafter=feature, window=feature_window)
         compiled["visualspec feature drafter, compiled"] = ours(drafter=feature, window=feature_window, compile=True)
+        compiled["visualspec feature drafter, compiled, auto window"] = ours(drafter=feature, compile=True)
+        trim = dict(drafter=feature, draft_vocab=kept if kept is not None else len(tokenizer) // 4, compile=True)
+        compiled["visualspec feature drafter, FR-Spec 1/4, compiled"] = ours(**trim, window=feature_window)
+        compiled["visualspec feature drafter, FR-Spec 1/4, compiled, auto window"] = ours(**trim)
     if distilled is not None:
         eager["visualspec distilled draft model"] = ours(**{**dynamic, "drafter": distilled})
         compiled["visualspec distilled draft model, compiled"] = ours(drafter=distilled, **COMPILED_DRAFT, compile=True)
