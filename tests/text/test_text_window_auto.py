@@ -1,33 +1,35 @@
-"""generate_text(window="auto"): the image pipelines' window policy, with a draft model's drafts
-priced, so that text speculation falls back to AR where drafting costs more than it saves."""
+"""generate_text(window="auto"): windows chosen from the measured cost of whole decode steps (the
+drafts, the forward, the rule, the commit), so that text speculation falls back to AR where
+drafting costs more than it saves."""
 
 import pytest
 
 import visualspec.core.window_costs as wc
+import visualspec.text.generate as generate_module
 from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
+from visualspec.core.stats import DecodeStats
 from visualspec.text import generate_text
 
 
 @pytest.fixture
 def priced(monkeypatch):
-    """Cost tables without a clock: a step of W tokens costs 1 + 0.01 W forward seconds, plus
-    ``per_draft[0]`` for each of its W - 1 drafts where the table prices drafts (its tag says
-    ``drafts=``). Returns the tags asked for and the per-draft price, to set."""
+    """Whole-step cost tables without a clock: a step of W tokens costs 1 + 0.01 W seconds, plus
+    ``per_draft[0]`` for each of its W - 1 drafts where the drafter's tag names a draft model.
+    Returns the tags asked for and the per-draft price, to set."""
     asked, per_draft = [], [0.0]
 
-    def tables(model, prefix, max_new_tokens, windows=wc.WINDOWS, cache_dir=None, repeats=5, forward=None,
-               tag=None):
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
         asked.append(tag)
-        draft = per_draft[0] if tag and tag.startswith("drafts=") else 0.0
+        draft = per_draft[0] if tag.startswith("DraftModelDrafter=") else 0.0
         return {w: 1.0 + 0.01 * w + draft * (w - 1) for w in windows if w <= max_new_tokens}
 
-    monkeypatch.setattr(wc, "cached_window_costs", tables)
+    monkeypatch.setattr(generate_module, "decode_step_costs", tables)
     return asked, per_draft
 
 
 def test_costly_drafts_decode_as_ar_and_free_ones_speculate(priced, tokenizer):
     """The draft model is the target itself, so every draft is accepted: with drafts that cost
-    nothing the policy speculates (a control for the path), with drafts that cost two forwards each
+    nothing the policy speculates (a control for the path), with drafts that cost two steps each
     it keeps W = 1 except for its probes, and both give generate's greedy tokens."""
     asked, per_draft = priced
     model = tiny_hf("llama", vocab_size=64)
@@ -39,21 +41,41 @@ def test_costly_drafts_decode_as_ar_and_free_ones_speculate(priced, tokenizer):
                             max_new_tokens=24, temperature=0)
         assert out.token_ids[0] == ref[:len(out.token_ids[0])]
         forwards[price] = out.stats.target_forwards
-    assert asked == ["drafts=DraftModelDrafter=" + wc.config_hash(model)] * 2
+    tag = "DraftModelDrafter=" + wc.config_hash(model) + "|rule=greedy_verify|greedy"
+    assert asked == [tag] * 2
     assert forwards[0.0] <= 8  # long windows, all accepted
     assert forwards[2.0] >= 24 - 3  # AR but for one probe of three W = 2 steps
 
 
-def test_free_drafts_price_the_forward_alone_and_ar_asks_nothing(priced, tokenizer):
+def test_free_drafts_are_tagged_by_class_and_ar_asks_nothing(priced, tokenizer):
     asked, _ = priced
     model = tiny_hf("llama", vocab_size=64)
-    out = generate_text(model, tokenizer, TEXT_PROMPTS, drafter="ngram", max_new_tokens=12, temperature=0)
-    for prompt, ids in zip(TEXT_PROMPTS, out.token_ids):
-        assert ids == generate_reference(model, tokenizer, prompt, 12)[:len(ids)]
-    assert asked and set(asked) == {None}  # n-gram drafts cost nothing to price
+    out = generate_text(model, tokenizer, TEXT_PROMPTS, drafter="ngram", max_new_tokens=12, temperature=0.7, seed=1)
+    assert len(out.token_ids) == len(TEXT_PROMPTS)
+    assert asked == ["NGramDrafter|rule=speculative_verify|sampled"]
     asked.clear()
     generate_text(model, tokenizer, TEXT_PROMPTS[0], max_new_tokens=4, temperature=0)
     assert asked == []  # plain AR has no window to choose
+
+
+def test_whole_steps_are_timed_per_forward_after_a_warmup_and_kept(tmp_path, monkeypatch):
+    """A fake decode that takes 1 + W seconds of a fake clock for 10 / W forwards: the cost is
+    seconds over forwards, the warm-up (10x slower) left out; a second call reads the cache."""
+    clock, calls = [0.0], []
+    monkeypatch.setattr(wc, "_clock", lambda: clock[0])
+
+    def decode_at(w):
+        calls.append(w)
+        clock[0] += (1 + w) * (10 if calls.count(w) == 1 else 1)
+        return DecodeStats(mode="fake", batch_size=1, num_tokens=10, target_forwards=10 // w)
+
+    model = tiny_hf("llama", vocab_size=64)
+    costs = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path)
+    assert costs == {1: 2 / 10, 2: 3 / 5, 4: 5 / 2}  # 16 > 10 new tokens
+    assert calls == [1, 1, 1, 2, 2, 2, 4, 4, 4]  # a warm-up and two timed decodes each
+    again = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
+    assert again == costs and len(calls) == 9
+    assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path) == {1: 2 / 10}
 
 
 def test_a_tree_needs_its_shape_under_auto(tokenizer):

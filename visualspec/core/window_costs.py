@@ -288,6 +288,47 @@ def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequen
     return measured
 
 
+def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
+                      windows: Sequence[int] = WINDOWS, repeats: int = 2,
+                      cache_dir: str | os.PathLike | None = None) -> dict[int, float]:
+    """Seconds per target forward of whole decode steps, for each window W <= ``max_new_tokens``:
+    ``decode_at(W)`` runs a real decode at the fixed window W and returns its stats (with
+    ``target_forwards``), so the cost holds everything a step does, the drafter's proposal, the
+    forward, the rule and the commit, where :func:`measure_window_costs` holds the forward alone.
+    Each W gets one warm-up call, then the fastest of ``repeats`` timed calls; the cost is its
+    seconds over its target forwards (the prefill counted as one of them). Kept in
+    ``window_costs.json`` under :func:`cost_signature` with ``|steps=tag`` appended (``tag`` names
+    what else sets a step's cost: the drafter, the rule, greedy or sampled); a stored table that
+    holds every wanted W is returned without decoding."""
+    wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
+    check_positive_int("repeats", repeats)
+    path = cache_path(cache_dir)
+    key = cost_signature(model, rows, max_new_tokens) + f"|steps={tag}"
+    stored = _read_tables(path).get(key, {})
+    if wanted and all(w in stored for w in wanted):
+        return {w: stored[w] for w in wanted}
+    announce(f"window costs: timing whole decode steps of {type(model).__name__} at {rows} model rows, {tag}, "
+             f"on this machine, once (kept in {path})")
+    t0, measured = _clock(), {}
+    for w in wanted:
+        decode_at(w)  # warm-up
+        best = None
+        for _ in range(repeats):
+            start = _clock()
+            stats = decode_at(w)
+            seconds = (_clock() - start) / max(int(stats.target_forwards), 1)
+            best = seconds if best is None else min(best, seconds)
+        measured[w] = best
+    announce(f"window costs: whole decode steps measured in {_clock() - t0:.1f} s")
+    tables = _read_tables(path)
+    tables[key] = {**tables.get(key, {}), **measured}
+    try:
+        _write_tables(path, tables)
+    except OSError as e:
+        warnings.warn(f"could not write the window cost cache {path}: {e}")
+    return measured
+
+
 # ---------------------------------------------------------------------------- the policy of window="auto"
 
 def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots: int, siblings: int = 1,

@@ -45,8 +45,8 @@ from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
 from ..core.stats import DecodeStats
 from ..core.tree import decode_tree
 from ..core.verify import default_rule, typical_verify
-from ..core.window import WINDOWS
-from ..core.window_costs import window_policy
+from ..core.window import WINDOWS, WindowPolicy
+from ..core.window_costs import decode_step_costs
 
 DRAFTERS = ("ngram", "jacobi", "stand")
 ACCEPTANCE = ("exact", "typical")
@@ -143,6 +143,14 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
     return VocabTrimDrafter(_token_model(drafter, compile, head_rows=keep), prefix, keep, stop_below=stop_below)
 
 
+def _step_tag(drafts, rule, sampling: SamplingConfig) -> str:
+    """What sets the cost of a decode step beside the target: the drafter (its network's hash where
+    its drafts cost time), the rule, and whether it samples."""
+    drafter = drafts.cost_tag() if getattr(drafts, "prices_drafts", False) else type(drafts).__name__
+    rule = getattr(rule, "func", rule)
+    return f"{drafter}|rule={getattr(rule, '__name__', type(rule).__name__)}|{'greedy' if sampling.greedy else 'sampled'}"
+
+
 MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
               "recursive_iid": (recursive_iid_verify, "iid")}
 
@@ -187,10 +195,11 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
     ``"stand"``; ``ngram``: the longest n-gram of ``"ngram"`` and ``"stand"``;
     ``window``: tokens per target forward (``window - 1`` drafts), or ``"auto"`` (the default): the
-    engine picks it each step from what a step of each window costs on this machine (measured once
-    per model and batch size, cached on disk, the drafts' own cost included for a draft model and a
-    feature drafter) and the acceptance seen so far, and decodes plain AR (W = 1) wherever
-    speculating would be slower (:func:`visualspec.core.window_costs.window_policy`).
+    engine picks it each step from what a whole decode step of each window costs on this machine
+    (the drafts, the forward, the rule and the commit, timed once per model, drafter, rule and
+    batch size by real decodes of this length at each fixed window and cached on disk:
+    :func:`visualspec.core.window_costs.decode_step_costs`) and the acceptance seen so far, and
+    decodes plain AR (W = 1) wherever speculating would be slower.
     ``temperature=0`` is greedy.
 
     ``draft_vocab`` (with a draft model or a feature drafter) trims the draft LM head to a kept set
@@ -273,9 +282,13 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                                     {drafts.model.pairs_bucket(w) for w in windows})
     elif isinstance(drafts, FeatureDrafter):
         drafts.model.compile_step(False)
-    if window == "auto" and tree is None:  # measured on the step the decode runs: compiled or eager, drafts priced
-        window = window_policy(target, lambda r: prefix_of(list(range(r))), max_new_tokens, rows, drafter=drafts,
-                               sampling=sampling)
+    if window == "auto" and tree is None:  # whole steps timed as this decode runs them: compiled or eager
+        def decode_at(w):
+            return decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=w,
+                          generator=make_generator(0, device=device))[1]
+
+        tables = {rows: decode_step_costs(target, decode_at, max_new_tokens, rows, _step_tag(drafts, rule, sampling))}
+        window = WindowPolicy(tables)
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)
