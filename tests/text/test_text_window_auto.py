@@ -67,7 +67,8 @@ def test_whole_steps_are_timed_per_forward_after_a_warmup_and_kept(tmp_path, mon
     def decode_at(w):
         calls.append(w)
         clock[0] += (1 + w) * (10 if calls.count(w) == 1 else 1)
-        return DecodeStats(mode="fake", batch_size=1, num_tokens=10, target_forwards=10 // w)
+        return DecodeStats(mode="fake", batch_size=1, num_tokens=10, target_forwards=10 // w,
+                           accepted_lengths=[min(w, 3)] * (10 // w))
 
     model = tiny_hf("llama", vocab_size=64)
     costs = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path)
@@ -75,6 +76,7 @@ def test_whole_steps_are_timed_per_forward_after_a_warmup_and_kept(tmp_path, mon
     assert calls == [1, 1, 1, 2, 2, 2, 4, 4, 4]  # a warm-up and two timed decodes each
     again = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
     assert again == costs and len(calls) == 9
+    assert wc.step_tokens(model, 10, 1, "fake", cache_dir=tmp_path) == {1: 1.0, 2: 2.0, 4: 3.0}
     assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path) == {1: 2 / 10}
 
 
@@ -93,3 +95,19 @@ def test_a_bad_window_is_named(window, tokenizer):
     with pytest.raises(ValueError, match="window"):
         generate_text(tiny_hf("llama", vocab_size=64), tokenizer, "w1", drafter="ngram", window=window,
                       max_new_tokens=4)
+
+
+def test_a_policys_tokens_seed_the_search_until_a_step_is_seen():
+    """Flat costs with W = 8 best on the prior (0.7): seeded with one token a step at every W > 1,
+    the search starts at W = 1; the control without the seed starts at 8. A step seen at W
+    replaces its seed."""
+    from visualspec.core.window import WindowPolicy
+
+    costs = {1: {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.3}}
+    assert WindowPolicy(costs).search().window(1) == 8
+    seeded = WindowPolicy(costs, tokens={1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}).search()
+    assert seeded.window(1) == 1
+    seeded.observe(1, [1])
+    seeded.observe(8, [8])  # a larger window than the step before: not counted (a Jacobi warm-up)
+    seeded.observe(8, [8])
+    assert seeded.estimate(8) == 8.0 and seeded.window(1) == 8

@@ -137,7 +137,8 @@ class WindowSearch:
             raise ValueError(f"need 2 <= probe_steps < probe_every, got {probe_steps} and {probe_every}")
         self.policy, self.prior, self.rate, self.probe_every = policy, prior, rate, probe_every
         self.probe_steps = probe_steps
-        self.tokens: dict[int, float] = {}  # W -> tokens per row-step seen with W
+        self.tokens: dict[int, float] = dict(policy.tokens)  # W -> tokens per row-step seen with W (a
+        # policy's expected tokens seed it; the first step seen with W replaces the seed)
         self.seen: dict[int, int] = {}  # W -> steps that used W
         self.steps = 0
         self.probe: list[int] = []  # windows still to take in the current probe
@@ -217,11 +218,15 @@ class WindowPolicy:
 
     ``model_rows`` is the model batch (2B rows with classifier-free guidance). A batch that was not
     measured uses the table of the nearest measured batch at or above it, else the largest one.
-    A user-fixed window simply does not use a policy.
+    A user-fixed window simply does not use a policy. ``tokens`` (optional, ``{W: tokens per
+    row-step}``, e.g. what decodes at each fixed window committed while their costs were timed)
+    replaces the search's prior for each W until a step with W is seen.
     """
 
     def __init__(self, tables: Mapping[int, Mapping[int, float]],
-                 tree_tables: Mapping[int, Mapping[int, float]] | None = None):
+                 tree_tables: Mapping[int, Mapping[int, float]] | None = None,
+                 tokens: Mapping[int, float] | None = None):
+        self.tokens = {int(w): float(t) for w, t in (tokens or {}).items()}
         if not tables:
             raise ValueError("a window policy needs at least one cost table")
         self.tables = {int(r): {int(w): float(c) for w, c in t.items()} for r, t in tables.items()}

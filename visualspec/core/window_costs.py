@@ -299,17 +299,20 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     seconds over its target forwards (the prefill counted as one of them). Kept in
     ``window_costs.json`` under :func:`cost_signature` with ``|steps=tag`` appended (``tag`` names
     what else sets a step's cost: the drafter, the rule, greedy or sampled); a stored table that
-    holds every wanted W is returned without decoding."""
+    holds every wanted W is returned without decoding. The tokens per row-step each W committed in
+    its last timed decode (the mean of its ``accepted_lengths``) are kept beside, under
+    ``|tokens``: :func:`step_tokens` reads them, a search's first estimate of each window."""
     wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
     check_positive_int("repeats", repeats)
     path = cache_path(cache_dir)
     key = cost_signature(model, rows, max_new_tokens) + f"|steps={tag}"
-    stored = _read_tables(path).get(key, {})
-    if wanted and all(w in stored for w in wanted):
+    tables = _read_tables(path)
+    stored, seen = tables.get(key, {}), tables.get(key + "|tokens", {})
+    if wanted and all(w in stored and w in seen for w in wanted):
         return {w: stored[w] for w in wanted}
     announce(f"window costs: timing whole decode steps of {type(model).__name__} at {rows} model rows, {tag}, "
              f"on this machine, once (kept in {path})")
-    t0, measured = _clock(), {}
+    t0, measured, tokens = _clock(), {}, {}
     for w in wanted:
         decode_at(w)  # warm-up
         best = None
@@ -319,14 +322,25 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
             seconds = (_clock() - start) / max(int(stats.target_forwards), 1)
             best = seconds if best is None else min(best, seconds)
         measured[w] = best
+        lengths = getattr(stats, "accepted_lengths", None) or [1]
+        tokens[w] = sum(lengths) / len(lengths)
     announce(f"window costs: whole decode steps measured in {_clock() - t0:.1f} s")
     tables = _read_tables(path)
     tables[key] = {**tables.get(key, {}), **measured}
+    tables[key + "|tokens"] = {**tables.get(key + "|tokens", {}), **tokens}
     try:
         _write_tables(path, tables)
     except OSError as e:
         warnings.warn(f"could not write the window cost cache {path}: {e}")
     return measured
+
+
+def step_tokens(model, max_new_tokens: int, rows: int, tag: str,
+                cache_dir: str | os.PathLike | None = None) -> dict[int, float]:
+    """The tokens per row-step that :func:`decode_step_costs` saw at each window for these
+    arguments (``{}`` if none are stored)."""
+    key = cost_signature(model, rows, max_new_tokens) + f"|steps={tag}|tokens"
+    return _read_tables(cache_path(cache_dir)).get(key, {})
 
 
 # ---------------------------------------------------------------------------- the policy of window="auto"

@@ -46,7 +46,7 @@ from ..core.stats import DecodeStats
 from ..core.tree import decode_tree
 from ..core.verify import default_rule, typical_verify
 from ..core.window import WINDOWS, WindowPolicy
-from ..core.window_costs import decode_step_costs
+from ..core.window_costs import decode_step_costs, step_tokens
 
 DRAFTERS = ("ngram", "jacobi", "stand")
 ACCEPTANCE = ("exact", "typical")
@@ -287,8 +287,9 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             return decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=w,
                           generator=make_generator(0, device=device))[1]
 
-        tables = {rows: decode_step_costs(target, decode_at, max_new_tokens, rows, _step_tag(drafts, rule, sampling))}
-        window = WindowPolicy(tables)
+        tag = _step_tag(drafts, rule, sampling)
+        tables = {rows: decode_step_costs(target, decode_at, max_new_tokens, rows, tag)}
+        window = WindowPolicy(tables, tokens=step_tokens(target, max_new_tokens, rows, tag))
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)
