@@ -247,7 +247,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     device = next(model.parameters()).device
     prefix = (input_ids.to(device), attention_mask.to(device))
 
-    def prefix_of(requests):  # the prompts of some rows (the window policy times the first r)
+    def prefix_of(requests):  # the prompts of some rows: the drafters read them, compile="auto" times the first r
         return prefix[0][requests], prefix[1][requests]
 
     target = HFCausalLM(model)
