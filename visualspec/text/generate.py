@@ -148,7 +148,8 @@ def _step_tag(drafts, rule, sampling: SamplingConfig) -> str:
     its drafts cost time), the rule, and whether it samples."""
     drafter = drafts.cost_tag() if getattr(drafts, "prices_drafts", False) else type(drafts).__name__
     rule = getattr(rule, "func", rule)
-    return f"{drafter}|rule={getattr(rule, '__name__', type(rule).__name__)}|{'greedy' if sampling.greedy else 'sampled'}"
+    name = getattr(rule, "__name__", type(rule).__name__)
+    return f"{drafter}|rule={name}|{'greedy' if sampling.greedy else 'sampled'}"
 
 
 MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
