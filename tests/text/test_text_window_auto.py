@@ -111,3 +111,18 @@ def test_a_policys_tokens_seed_the_search_until_a_step_is_seen():
     seeded.observe(8, [8])  # a larger window than the step before: not counted (a Jacobi warm-up)
     seeded.observe(8, [8])
     assert seeded.estimate(8) == 8.0 and seeded.window(1) == 8
+
+
+def test_fresh_drafts_count_the_step_whose_window_grew():
+    """Jacobi's drafts carry over, so a step whose window grew is left out (its new positions had
+    nothing carried); drafts made afresh (a draft model, n-gram, the feature drafter) count it."""
+    from visualspec.core.window import WindowPolicy
+    from visualspec.drafters import FeatureDrafter, JacobiDrafter, NGramDrafter
+
+    policy = WindowPolicy({1: {1: 1.0, 8: 1.0}})
+    for carried, counted in ((True, False), (False, True)):
+        search = policy.search(carried=carried)
+        search.observe(1, [1])
+        search.observe(8, [2])
+        assert (8 in search.tokens) == counted
+    assert JacobiDrafter.carries_drafts and not NGramDrafter.carries_drafts and not FeatureDrafter.carries_drafts

@@ -93,6 +93,12 @@ class Drafter:
         """The target's features of the prompt (model rows, T, D): of every row after the prefill,
         of rows ``rows`` after a refill (continuous batching). Only called when ``wants_features``."""
 
+    #: A drafter whose drafts carry over from one step to the next (Jacobi's: the target's own
+    #: predictions past the committed tokens) sets this. A window search then does not count a step
+    #: whose window grew, whose new positions had nothing carried yet; drafts made afresh each step
+    #: (a draft model's, n-gram's, STAND's, a feature drafter's) are counted from the first step.
+    carries_drafts = False
+
     #: A drafter whose drafts cost time of their own (a draft model's forwards, a feature drafter's
     #: steps) sets this and offers :meth:`draft_timer`, so that a window policy prices a step with
     #: its drafts (:func:`visualspec.core.window_costs.drafted_step`); otherwise drafts are free next
@@ -237,7 +243,8 @@ def decode(
     run = _Run(target, prefix, num_tokens, sampling, drafter=drafter, rule=rule, generator=generator,
                mode=mode or ("ar" if drafter is None else type(drafter).__name__), progress=progress,
                constraints=constraints, requests=prefix if isinstance(prefix, Requests) else None)
-    search = window.search() if hasattr(window, "search") else None  # fresh per call: its windows depend on it alone
+    search = (window.search(carried=getattr(drafter, "carries_drafts", False))  # fresh per call: its windows
+              if hasattr(window, "search") else None)                            # depend on it alone
     extra = (lambda w: extra_nodes(min(sibling_depth, w - 1), siblings)) if tree else None
     while run.live():
         rows, gens = run.rows, run.rows.generator

@@ -123,12 +123,13 @@ class WindowSearch:
     Jacobi acceptance is not stationary in W: a larger window carries more predicted positions
     into the next step, so the first step after the window grew commits less than that window
     will once warm. t(W) is therefore measured per window (not extrapolated from per-position
-    acceptance), and a step whose window is larger than the previous step's is not counted.
+    acceptance), and a step whose window is larger than the previous step's is not counted
+    (``carried=False``, for drafts made afresh each step, counts it).
     Deterministic: it depends only on the committed counts it was shown.
     """
 
     def __init__(self, policy: "WindowPolicy", prior: float = 0.7, rate: float = 0.1, probe_every: int = 8,
-                 probe_steps: int = 3):
+                 probe_steps: int = 3, carried: bool = True):
         if not 0.0 <= prior < 1.0:
             raise ValueError(f"prior must be in [0, 1), got {prior}")
         if not 0.0 < rate <= 1.0:
@@ -136,7 +137,7 @@ class WindowSearch:
         if not 2 <= probe_steps < probe_every:
             raise ValueError(f"need 2 <= probe_steps < probe_every, got {probe_steps} and {probe_every}")
         self.policy, self.prior, self.rate, self.probe_every = policy, prior, rate, probe_every
-        self.probe_steps = probe_steps
+        self.probe_steps, self.carried = probe_steps, carried
         self.tokens: dict[int, float] = dict(policy.tokens)  # W -> tokens per row-step seen with W (a
         # policy's expected tokens seed it; the first step seen with W replaces the seed)
         self.seen: dict[int, int] = {}  # W -> steps that used W
@@ -192,7 +193,7 @@ class WindowSearch:
     def observe(self, window: int, committed, tree: bool = False) -> None:
         """A step with ``window`` (and a sibling tree when ``tree``) committed ``committed`` (b,)
         tokens in its rows."""
-        cold, self.previous = self.previous is not None and window > self.previous, window
+        cold, self.previous = self.carried and self.previous is not None and window > self.previous, window
         if cold:  # the window just grew: its carried drafts are not warm yet
             return
         key = ("tree", window) if tree else window

@@ -50,6 +50,8 @@ class JacobiDrafter(Drafter):
       the first row repeats left).
     """
 
+    carries_drafts = True
+
     def __init__(self, vocab_size: int, init: str = "random", grid_width: int | None = None,
                  init_vocab: tuple[int, int] | None = None, coupling: bool = False):
         if init not in INIT_SCHEMES:
