@@ -14,24 +14,26 @@ from visualspec.text import generate_text
 @pytest.fixture
 def priced(monkeypatch):
     """Whole-step cost tables without a clock: a step of W tokens costs 1 + 0.01 W seconds, plus
-    ``per_draft[0]`` for each of its W - 1 drafts where the drafter's tag names a draft model.
-    Returns the tags asked for and the per-draft price, to set."""
-    asked, per_draft = [], [0.0]
+    ``per_draft[0]`` for each of its W - 1 drafts where the drafter's tag names a draft model; the
+    timed decodes committed ``seen[0]`` tokens a step at every W (none when None). Returns the tags
+    asked for, the per-draft price and the tokens seen, to set."""
+    asked, per_draft, seen = [], [0.0], [None]
 
     def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
         asked.append(tag)
         draft = per_draft[0] if tag.startswith("DraftModelDrafter=") else 0.0
-        return {w: 1.0 + 0.01 * w + draft * (w - 1) for w in windows if w <= max_new_tokens}
+        costs = {w: 1.0 + 0.01 * w + draft * (w - 1) for w in windows if w <= max_new_tokens}
+        return costs, {} if seen[0] is None else {w: seen[0] for w in costs}
 
     monkeypatch.setattr(generate_module, "decode_step_costs", tables)
-    return asked, per_draft
+    return asked, per_draft, seen
 
 
 def test_costly_drafts_decode_as_ar_and_free_ones_speculate(priced, tokenizer):
     """The draft model is the target itself, so every draft is accepted: with drafts that cost
     nothing the policy speculates (a control for the path), with drafts that cost two steps each
     it keeps W = 1 except for its probes, and both give generate's greedy tokens."""
-    asked, per_draft = priced
+    asked, per_draft, _ = priced
     model = tiny_hf("llama", vocab_size=64)
     ref = generate_reference(model, tokenizer, TEXT_PROMPTS[0], 24)
     forwards = {}
@@ -47,8 +49,22 @@ def test_costly_drafts_decode_as_ar_and_free_ones_speculate(priced, tokenizer):
     assert forwards[2.0] >= 24 - 3  # AR but for one probe of three W = 2 steps
 
 
+def test_the_timed_decodes_tokens_seed_the_search(priced, tokenizer):
+    """Free drafts that are all accepted (the draft model is the target): the search speculates
+    from the prior (the control, in the test above), but seeded with the one token a step its timed
+    decodes committed it starts at W = 1 and stays there until its first probe (step 8) finds
+    more."""
+    _, _, seen = priced
+    seen[0] = 1.0
+    model = tiny_hf("llama", vocab_size=64)
+    out = generate_text(model, tokenizer, TEXT_PROMPTS[0], drafter=tiny_hf("llama", vocab_size=64),
+                        max_new_tokens=24, temperature=0)
+    assert out.stats.accepted_lengths[:7] == [1] * 7
+    assert out.stats.target_forwards < 24  # the probes find the accepted drafts: the seed gives way
+
+
 def test_free_drafts_are_tagged_by_class_and_ar_asks_nothing(priced, tokenizer):
-    asked, _ = priced
+    asked, _, _ = priced
     model = tiny_hf("llama", vocab_size=64)
     out = generate_text(model, tokenizer, TEXT_PROMPTS, drafter="ngram", max_new_tokens=12, temperature=0.7, seed=1)
     assert len(out.token_ids) == len(TEXT_PROMPTS)
@@ -71,13 +87,13 @@ def test_whole_steps_are_timed_per_forward_after_a_warmup_and_kept(tmp_path, mon
                            accepted_lengths=[min(w, 3)] * (10 // w))
 
     model = tiny_hf("llama", vocab_size=64)
-    costs = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path)
+    costs, tokens = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path)
     assert costs == {1: 2 / 10, 2: 3 / 5, 4: 5 / 2}  # 16 > 10 new tokens
     assert calls == [1, 1, 1, 2, 2, 2, 4, 4, 4]  # a warm-up and two timed decodes each
+    assert tokens == {1: 1.0, 2: 2.0, 4: 3.0}
     again = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
-    assert again == costs and len(calls) == 9
-    assert wc.step_tokens(model, 10, 1, "fake", cache_dir=tmp_path) == {1: 1.0, 2: 2.0, 4: 3.0}
-    assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path) == {1: 2 / 10}
+    assert again == (costs, tokens) and len(calls) == 9
+    assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path)[0] == {1: 2 / 10}
 
 
 def test_a_tree_needs_its_shape_under_auto(tokenizer):
@@ -126,3 +142,30 @@ def test_fresh_drafts_count_the_step_whose_window_grew():
         search.observe(8, [2])
         assert (8 in search.tokens) == counted
     assert JacobiDrafter.carries_drafts and not NGramDrafter.carries_drafts and not FeatureDrafter.carries_drafts
+
+
+def test_the_engine_tells_the_search_whether_drafts_carry():
+    """decode hands its window search the drafter's carries_drafts: Jacobi's drafts carry over,
+    n-gram's do not (and generate_text reaches the same engine)."""
+    import torch
+
+    from visualspec.core.engine import decode
+    from visualspec.core.sampling import SamplingConfig
+    from visualspec.core.window import WindowPolicy
+    from visualspec.drafters import JacobiDrafter, NGramDrafter
+    from visualspec.models.hf import HFCausalLM
+
+    asked = []
+
+    class Recording(WindowPolicy):
+        def search(self, **kwargs):
+            asked.append(kwargs.get("carried"))
+            return super().search(**kwargs)
+
+    target = HFCausalLM(tiny_hf("llama", vocab_size=64))
+    prompt = torch.tensor([[3, 5, 7, 3, 5]])
+    policy = Recording({1: {1: 1.0, 2: 1.0, 4: 1.0}})
+    greedy = SamplingConfig(temperature=0.0)
+    for drafter in (JacobiDrafter(64, "repeat_left"), NGramDrafter([[3, 5, 7, 3, 5]])):
+        decode(target, prompt, 8, greedy, drafter=drafter, window=policy)
+    assert asked == [True, False]

@@ -276,21 +276,29 @@ def cached_window_costs(model, prefix: Any, max_new_tokens: int, windows: Sequen
         measured = measure_window_costs(model, prefix, max_new_tokens, wanted, repeats, forward=forward,
                                         warmup=warmup)
     announce(f"window costs: {what} measured in {_clock() - t0:.1f} s")
-    tables = _read_tables(path)  # again: another process may have written meanwhile
-    tables[key] = {**tables.get(key, {}), **measured}
+    updates = {key: measured}
     if getattr(model, "compiled_step", False) and not tag:
-        seen = tables.get(key + "|compile-s", {})  # the longest first call: a bucket compiled already costs nothing
-        tables[key + "|compile-s"] = {**seen, **{w: max(t, seen.get(w, 0.0)) for w, t in warmup.items()}}
+        seen = _read_tables(path).get(key + "|compile-s", {})  # the longest first call: a bucket compiled
+        updates[key + "|compile-s"] = {w: max(t, seen.get(w, 0.0)) for w, t in warmup.items()}  # already costs 0
+    _store_tables(path, updates)
+    return measured
+
+
+def _store_tables(path: Path, updates: Mapping[str, Mapping[int, float]]) -> None:
+    """Merge ``updates`` (key -> {W: value}) into the tables at ``path``, read again first (another
+    process may have written meanwhile) and written atomically; a failed write only warns."""
+    tables = _read_tables(path)
+    for key, table in updates.items():
+        tables[key] = {**tables.get(key, {}), **table}
     try:
         _write_tables(path, tables)
     except OSError as e:
         warnings.warn(f"could not write the window cost cache {path}: {e}")
-    return measured
 
 
 def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
                       windows: Sequence[int] = WINDOWS, repeats: int = 2,
-                      cache_dir: str | os.PathLike | None = None) -> dict[int, float]:
+                      cache_dir: str | os.PathLike | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per target forward of whole decode steps, for each window W <= ``max_new_tokens``:
     ``decode_at(W)`` runs a real decode at the fixed window W and returns its stats (with
     ``target_forwards``), so the cost holds everything a step does, the drafter's proposal, the
@@ -299,9 +307,10 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     seconds over its target forwards (the prefill counted as one of them). Kept in
     ``window_costs.json`` under :func:`cost_signature` with ``|steps=tag`` appended (``tag`` names
     what else sets a step's cost: the drafter, the rule, greedy or sampled); a stored table that
-    holds every wanted W is returned without decoding. The tokens per row-step each W committed in
-    its last timed decode (the mean of its ``accepted_lengths``) are kept beside, under
-    ``|tokens``: :func:`step_tokens` reads them, a search's first estimate of each window."""
+    holds every wanted W is returned without decoding. Returns ``(costs, tokens)``: ``tokens`` are
+    the tokens per row-step each W committed in its last timed decode (the mean of its
+    ``accepted_lengths``), kept beside under ``|tokens``, a search's first estimate of each window
+    (:class:`visualspec.core.window.WindowPolicy`'s ``tokens``)."""
     wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
     check_positive_int("repeats", repeats)
     path = cache_path(cache_dir)
@@ -309,7 +318,7 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     tables = _read_tables(path)
     stored, seen = tables.get(key, {}), tables.get(key + "|tokens", {})
     if wanted and all(w in stored and w in seen for w in wanted):
-        return {w: stored[w] for w in wanted}
+        return {w: stored[w] for w in wanted}, {w: seen[w] for w in wanted}
     announce(f"window costs: timing whole decode steps of {type(model).__name__} at {rows} model rows, {tag}, "
              f"on this machine, once (kept in {path})")
     t0, measured, tokens = _clock(), {}, {}
@@ -325,22 +334,8 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
         lengths = getattr(stats, "accepted_lengths", None) or [1]
         tokens[w] = sum(lengths) / len(lengths)
     announce(f"window costs: whole decode steps measured in {_clock() - t0:.1f} s")
-    tables = _read_tables(path)
-    tables[key] = {**tables.get(key, {}), **measured}
-    tables[key + "|tokens"] = {**tables.get(key + "|tokens", {}), **tokens}
-    try:
-        _write_tables(path, tables)
-    except OSError as e:
-        warnings.warn(f"could not write the window cost cache {path}: {e}")
-    return measured
-
-
-def step_tokens(model, max_new_tokens: int, rows: int, tag: str,
-                cache_dir: str | os.PathLike | None = None) -> dict[int, float]:
-    """The tokens per row-step that :func:`decode_step_costs` saw at each window for these
-    arguments (``{}`` if none are stored)."""
-    key = cost_signature(model, rows, max_new_tokens) + f"|steps={tag}|tokens"
-    return _read_tables(cache_path(cache_dir)).get(key, {})
+    _store_tables(path, {key: measured, key + "|tokens": tokens})
+    return measured, tokens
 
 
 # ---------------------------------------------------------------------------- the policy of window="auto"

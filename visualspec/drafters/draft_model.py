@@ -205,6 +205,13 @@ class DraftModelDrafter(Drafter):
         return DraftTree(tokens_tree, first_q, q_tree, scheme)
 
 
+def full_vocabulary(kept: torch.Tensor, keep: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits (..., K) of the kept token ids ``keep`` (K,) placed in a (..., ``vocab_size``) tensor
+    that is -inf at every other id, so that any sampling gives those ids probability zero."""
+    full = kept.new_full((*kept.shape[:-1], vocab_size), float("-inf"))
+    return full.index_copy_(-1, keep.to(kept.device), kept)
+
+
 def kept_token_ids(ids, vocab_size: int) -> torch.Tensor:
     """Check a set of token ids to keep and return it as a sorted, duplicate-free 1-D long tensor.
 
@@ -287,9 +294,7 @@ class VocabTrimDrafter(DraftModelDrafter):
     def _guided_logits(self, logits):
         keep = self.keep.to(logits.device)
         kept = logits if self.trimmed_head else logits.index_select(-1, keep)
-        kept = self.sampling.guide(kept)  # [cond; uncond] -> B rows, on finite logits only
-        full = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, keep, kept)
+        return full_vocabulary(self.sampling.guide(kept), keep, self.vocab_size)  # guided on finite logits only
 
     def _draft_probs(self, logits):
         return self._unguided.probs(self._guided_logits(logits))

@@ -14,7 +14,7 @@ import torch
 from ..core.engine import Drafter
 from ..core.rows import per_row
 from ..core.window_costs import config_hash
-from .draft_model import kept_token_ids
+from .draft_model import full_vocabulary, kept_token_ids
 
 
 class FeatureDrafter(Drafter):
@@ -126,8 +126,7 @@ class FeatureDrafter(Drafter):
             q = self.sampling.probs(self.target.head(features[:, None])[:, 0])
         else:  # guidance on the K kept logits, then -inf outside them
             kept = self.sampling.guide(self._kept_head(features))
-            full = kept.new_full((kept.shape[0], self.target.vocab_size), float("-inf"))
-            q = self._unguided.probs(full.index_copy_(-1, self.keep.to(kept.device), kept))
+            q = self._unguided.probs(full_vocabulary(kept, self.keep, self.target.vocab_size))
         return self.sampling.draw(q, generator), q
 
     def propose(self, tokens, n, k, generator=None):

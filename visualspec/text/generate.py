@@ -46,7 +46,7 @@ from ..core.stats import DecodeStats
 from ..core.tree import decode_tree
 from ..core.verify import default_rule, typical_verify
 from ..core.window import WINDOWS, WindowPolicy
-from ..core.window_costs import decode_step_costs, step_tokens
+from ..core.window_costs import decode_step_costs
 
 DRAFTERS = ("ngram", "jacobi", "stand")
 ACCEPTANCE = ("exact", "typical")
@@ -248,14 +248,11 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     device = next(model.parameters()).device
     prefix = (input_ids.to(device), attention_mask.to(device))
 
-    def prefix_of(requests):  # the prompts of some rows: the drafters read them, compile="auto" times the first r
-        return prefix[0][requests], prefix[1][requests]
-
     target = HFCausalLM(model)
     rows = input_ids.shape[0]
-    compile = compiled_step(target, compile, lambda r: prefix_of(list(range(r))), max_new_tokens, rows, rows)
+    compile = compiled_step(target, compile, lambda r: (prefix[0][:r], prefix[1][:r]), max_new_tokens, rows, rows)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    drafts = _drafter(drafter, model, prefix_of, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
+    drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
                       draft_stop_below, compile, target)
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
@@ -288,9 +285,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             return decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=w,
                           generator=make_generator(0, device=device))[1]
 
-        tag = _step_tag(drafts, rule, sampling)
-        tables = {rows: decode_step_costs(target, decode_at, max_new_tokens, rows, tag)}
-        window = WindowPolicy(tables, tokens=step_tokens(target, max_new_tokens, rows, tag))
+        costs, tokens = decode_step_costs(target, decode_at, max_new_tokens, rows, _step_tag(drafts, rule, sampling))
+        window = WindowPolicy({rows: costs}, tokens=tokens)
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)
