@@ -10,7 +10,7 @@ A pipeline family subclasses :class:`ImagePipeline` and declares
 - its call options: read from the ``__call__`` signature (:meth:`ImagePipeline.call_options`);
 - :meth:`ImagePipeline.acceptance_grid`: the raster grid of :meth:`ImagePipeline.acceptance_map`,
   the picture of which forward fixed each token (None: not drawn in raster order);
-- :meth:`ImagePipeline.window_plan`: what ``window="auto"`` measures (token pipelines only);
+- :meth:`TokenImagePipeline.auto_window`: what ``window="auto"`` decodes with (token pipelines only);
 - :meth:`ImagePipeline.load_draft_model`: how a ``--draft-model`` folder loads, if it takes one.
 
 Tools read only these, so a new family needs only its own files (``tests/pipelines/test_new_family.py``
@@ -30,10 +30,12 @@ import torch
 from diffusers.utils import BaseOutput
 
 from ..core.checks import check_positive_int, is_int
-from ..core.sampling import SamplingConfig
+from ..core.engine import decode
+from ..core.sampling import SamplingConfig, make_generator
 from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
-from ..core.window_costs import window_policy
+from ..core.window import prefix_rows
+from ..core.window_costs import step_policy, step_tag, window_policy
 from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, JacobiDrafter
 from ..models.feature_drafter import check_target
 from .base import VisualSpecPipeline
@@ -153,12 +155,6 @@ class ImagePipeline(VisualSpecPipeline):
         """Load the draft model in ``folder`` into this pipeline (families that take one override)."""
         raise ValueError(f"{self.display_name} ({type(self).__name__}) takes no --draft-model")
 
-    def window_plan(self, prompts: list, batch_size: int, sampling: SamplingConfig):
-        """``(token model, prefix_of, num_tokens)`` that ``window="auto"`` measures window costs on:
-        ``prefix_of(rows)`` is the model input of the first ``rows`` of ``prompts``; None where the
-        pipeline has no token windows."""
-        return None
-
     # ------------------------------------------------------------------ folder defaults, checks
 
     def folder_default(self, name: str, value):
@@ -194,20 +190,12 @@ class ImagePipeline(VisualSpecPipeline):
         images = tokens if output_type == "latent" else self.postprocess(decode(tokens), output_type)
         return VisualSpecImageOutput(images=images, stats=stats) if return_dict else (images, stats)
 
-    # ------------------------------------------------------------------ window="auto"
-
-    def window_tables(self, prompt=None, *, batch_size: int = 1, guidance_scale: float | None = None,
-                      **conditions) -> dict[int, dict[int, float]]:
-        """The cost tables ``window="auto"`` decodes ``batch_size`` images of ``prompt`` with,
-        ``{model_rows: {W: seconds per forward}}`` (see :func:`window_policy`); ``{}`` for a
-        pipeline without token windows."""
-        given = prompt if prompt is not None else conditions.get("class_labels")
-        items = given if isinstance(given, (list, tuple)) else [given]
-        prompts = [items[i % len(items)] for i in range(batch_size)]
-        scale = self.folder_default("guidance_scale", guidance_scale)
-        sampling = SamplingConfig() if scale is None else SamplingConfig(guidance_scale=scale)
-        plan = self.window_plan(prompts, batch_size, sampling)
-        return {} if plan is None else window_policy(*plan, batch_size).tables
+    def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:
+        """The window policy a call with ``window="auto"`` decodes ``batch_size`` images of
+        ``prompt`` with (what ``visualspec batch`` records, so that a resumed run steps as the
+        first did): ``{"tables": {model_rows: {W: seconds per forward}}, "tokens": {W: tokens per
+        row-step}}``, or ``{}`` for a pipeline without token windows."""
+        return {}
 
 
 def window_lengths(window) -> list[int]:
@@ -257,6 +245,42 @@ class TokenImagePipeline(ImagePipeline):
             else:
                 return combined
         return super().bench_settings(mode)
+
+    #: the :class:`visualspec.core.window.WindowPolicy` of this pipeline's latest call whose
+    #: ``window="auto"`` speculated (its tables and first estimates), for inspection; None before
+    last_window_policy = None
+
+    def auto_window(self, model, prefix, num_tokens: int, sampling: SamplingConfig, drafter, rule,
+                    constraints=None):
+        """``window="auto"`` for a call that speculates with ``drafter`` and ``rule``: the policy of
+        :func:`visualspec.core.window_costs.step_policy`, whose table holds the cost of whole decode
+        steps of ``prefix`` (the call's first batch, not a queue) at each fixed window, drafts, rule
+        and commit included, measured once per machine, batch and kind of step and cached. A window
+        that does not pay for its whole step is not taken, so speculation is never slower than
+        AR's step but for the search's probes. The target must be compiled (or not) as the call
+        will run it, every window bucket included, before this runs."""
+        def decode_at(w: int):
+            return decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=w,
+                          generator=make_generator(0), constraints=constraints)[1]
+
+        self.last_window_policy = step_policy(model, decode_at, num_tokens, prefix_rows(prefix),
+                                              step_tag(drafter, rule, sampling))
+        return self.last_window_policy
+
+    def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:
+        """Decodes one batch of ``batch_size`` images of ``prompt`` (repeated) with
+        ``window="auto"`` and the other ``call_kwargs`` of the calls to come, and returns the
+        policy it decoded with (measuring its tables first where this machine has none); ``{}``
+        where that call does not speculate (AR)."""
+        given = prompt if prompt is not None else call_kwargs.pop("class_labels", None)
+        items = given if isinstance(given, (list, tuple)) else [given]
+        self.last_window_policy = None
+        self([items[i % len(items)] for i in range(batch_size)], batch_size=batch_size, window="auto",
+             output_type="latent", **call_kwargs)
+        policy = self.last_window_policy
+        if policy is None:
+            return {}
+        return {"tables": policy.tables, "tokens": policy.tokens}
 
     def check_token_options(self, decoding, window, jacobi_init, coupling, lantern_k=None, lantern_delta=None,
                             lantern_lambda=None) -> None:

@@ -188,13 +188,19 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if features:  # the drafter's own step compiled with the target's (before its costs are timed)
             self._compile_feature_drafter(compiled, slots * sampling.model_rows_per_sample, num_tokens,
                                           WINDOWS if window == "auto" else [window])
-        if window == "auto":  # a draft model's and a feature drafter's drafts are priced with the forwards
-            window = (window_policy(model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots,
-                                    siblings if tree else 1, sibling_depth, drafter=drafter, sampling=sampling)
-                      if drafter is not None else 1)
-        if compiled:
-            model.precompile(prefix_of(model, list(range(slots))), num_tokens, window_lengths(window),
+        auto = window == "auto" and drafter is not None
+        if compiled:  # every window the decode (and its window search) can step with, before timing them
+            model.precompile(prefix_of(model, list(range(slots))), num_tokens,
+                             [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
                              **({"features": True} if features else {}))
+        if auto and tree:  # sibling-tree steps: forward tables (a draft model's drafts priced with them)
+            window = self.last_window_policy = window_policy(
+                model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots, siblings, sibling_depth,
+                drafter=drafter, sampling=sampling)
+        elif auto:  # whole decode steps, drafts and rule included
+            window = self.auto_window(model, prefix_of(model, list(range(slots))), num_tokens, sampling, drafter, rule)
+        elif window == "auto":
+            window = 1
 
         with self.progress_bar(total=num_tokens * rows) as bar:
             mode = (decoding + (f"+{drafts}" if drafts != DEFAULT_DRAFTS.get(decoding) else "")
@@ -257,11 +263,6 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if self.vq_model.config.codebook_l2_norm:
             codebook = torch.nn.functional.normalize(codebook, dim=-1)
         return codebook.to(self.device)
-
-    def window_plan(self, prompts: list, batch_size: int, sampling: SamplingConfig):
-        cond = self._conditions(prompts, None, 1)
-        model = self.transformer
-        return model, lambda rows: self._prefix(model, cond, sampling, list(range(rows))), model.config.block_size
 
     def available_decodings(self) -> tuple[str, ...]:
         missing = {"speculative": self.draft_model is None, "feature": self.feature_drafter is None}

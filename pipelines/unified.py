@@ -20,10 +20,11 @@ import torch
 from ..core.compiled import compiled_step
 from ..core.engine import Requests, decode
 from ..core.sampling import SamplingConfig, make_generator
+from ..core.window import WINDOWS
 from ..models.llamagen_vq import nearest_codes
 from ..models.unified_ar import GUIDANCE_SCHEDULES, lumina2_guidance, unified_family
 from .base import register_pipeline
-from .image import TOKEN_BENCH_MODES, TokenImagePipeline, caption_text, window_lengths, window_policy
+from .image import TOKEN_BENCH_MODES, TokenImagePipeline, caption_text, window_lengths
 
 
 @register_pipeline
@@ -249,10 +250,15 @@ class UnifiedARPipeline(TokenImagePipeline):
                   else prefix_of(range(len(prompts))))
         compiled = compiled_step(target, compile, lambda r: prefix_of(range(r)), layout.num_tokens, len(prompts),
                                  slots)
-        if window == "auto":
-            window = window_policy(target, lambda r: prefix_of(range(r)), layout.num_tokens, slots) if drafter else 1
-        if compiled:
-            target.precompile(prefix_of(range(slots)), layout.num_tokens, window_lengths(window))
+        auto = window == "auto" and drafter is not None
+        if compiled:  # every window the decode (and its window search) can step with, before timing them
+            target.precompile(prefix_of(range(slots)), layout.num_tokens,
+                              [w for w in WINDOWS if w <= layout.num_tokens] if auto else window_lengths(window))
+        if auto:  # whole decode steps, drafts and rule included
+            window = self.auto_window(target, prefix_of(range(slots)), layout.num_tokens, sampling, drafter, rule,
+                                      constraints)
+        elif window == "auto":
+            window = 1
         mode = decoding + ("+coupling" if coupling and drafter else "") + ("+compiled" if compiled else "")
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
             tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
@@ -280,10 +286,6 @@ class UnifiedARPipeline(TokenImagePipeline):
                                        None if negatives is None else [negatives[i] for i in rows])
 
         return prefix_of
-
-    def window_plan(self, prompts: list, batch_size: int, sampling: SamplingConfig):
-        prefix_of = self._prefix_of(prompts, sampling, self.layout)
-        return self.family.token_model(), lambda rows: prefix_of(range(rows)), self.layout.num_tokens
 
     def acceptance_grid(self) -> tuple[int, int]:
         """The image's rows of codes, each with its row-end column."""

@@ -14,7 +14,6 @@ from conftest import ROOT
 from visualspec.core.engine import Requests, decode
 from visualspec.core.sampling import SamplingConfig, make_generator
 from visualspec.pipelines import TokenImagePipeline, register_pipeline
-from visualspec.pipelines.image import window_policy
 from visualspec.tools.cli import main
 
 COLOURS = ("red", "green", "blue", "white")
@@ -71,10 +70,6 @@ class ToyGridPipeline(TokenImagePipeline):
         if not prompt.strip():
             raise ValueError("the prompt is empty")
 
-    def window_plan(self, prompts, batch_size, sampling):
-        g = self.transformer.config.grid
-        return self.transformer, lambda rows: self._prefix(prompts[:rows]), g * g
-
     def acceptance_grid(self):
         return self.transformer.config.grid, self.transformer.config.grid
 
@@ -91,7 +86,8 @@ class ToyGridPipeline(TokenImagePipeline):
         drafter, rule = self.token_decoding(decoding, sampling, vocab_size=len(COLOURS), grid_width=g,
                                             jacobi_init="random", coupling=False)
         if window == "auto":
-            window = window_policy(*self.window_plan(prompts, slots, sampling), slots) if drafter else 1
+            window = (self.auto_window(model, self._prefix(prompts[:slots]), g * g, sampling, drafter, rule)
+                      if drafter else 1)
         tokens, stats = decode(model, prefix, g * g, sampling, drafter=drafter, rule=rule, window=window,
                                generator=make_generator(seed, generator), mode=decoding)
         return self.output(tokens, stats, output_type, return_dict, self.decode_images)

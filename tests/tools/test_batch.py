@@ -300,7 +300,9 @@ def test_auto_windows_resume_byte_identically_from_the_recorded_costs(pipe, tmp_
     out = tmp_path / "auto"
     run(pipe, out, batch_size=2, chunk_size=6, **kw)
     config = json.loads((out / "batch_config.json").read_text())
-    assert config["batch_size"] == 2 and config["chunk_size"] == 6 and config["window_costs"]
+    assert config["batch_size"] == 2 and config["chunk_size"] == 6
+    recorded = config["window_costs"]  # whole decode steps at 2 images' model rows, and their tokens
+    assert set(recorded) == {"tables", "tokens"} and set(recorded["tables"]) == {"4"} and recorded["tokens"]["1"] == 1
     reference = snapshot(out)
     os.remove(out / "00001/samples/0000.png")
 
@@ -341,3 +343,13 @@ def test_a_corrected_prompt_file_resumes(pipe, reference, tmp_path):
     (out / "00002" / "metadata.jsonl").write_text(json.dumps({"prompt": "a photo of a blue zeppelin"}) + "\n")
     summary = run(pipe, out)
     assert summary["generated"] == 2 and snapshot(out) == expected
+
+
+def test_window_costs_recorded_by_an_earlier_version_still_resume():
+    """Earlier runs recorded the bare tables, without the tokens each window committed."""
+    from visualspec.tools.batch import recorded_policy
+
+    old = recorded_policy({"4": {"1": 1.0, "2": 1.5}})
+    new = recorded_policy({"tables": {"4": {"1": 1.0, "2": 1.5}}, "tokens": {"1": 1.0, "2": 1.8}})
+    assert old.tables == new.tables == {4: {1: 1.0, 2: 1.5}}
+    assert old.tokens == {} and new.tokens == {1: 1.0, 2: 1.8}

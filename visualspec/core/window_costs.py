@@ -338,6 +338,37 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     return measured, tokens
 
 
+def rule_tag(rule) -> str:
+    """A rule's name with the plain settings it was bound with (a ``functools.partial``'s numbers,
+    strings and flags; a tensor by its last dimension, e.g. LANTERN's neighbours k), so that steps
+    under LANTERN at delta 0.05 and at 0.4 are kept apart: ``name(key=value,...)``."""
+    func = getattr(rule, "func", rule)
+    name = getattr(func, "__name__", type(func).__name__)
+    settings = []
+    for key, value in sorted(getattr(rule, "keywords", {}).items()):
+        if isinstance(value, torch.Tensor):
+            value = value.shape[-1] if value.dim() else value.item()
+        if value is None or isinstance(value, (bool, int, float, str)):
+            settings.append(f"{key}={value}")
+    return name + (f"({','.join(settings)})" if settings else "")
+
+
+def step_tag(drafter, rule, sampling) -> str:
+    """What sets the cost and the yield of a decode step beside the target, the key its table of
+    whole steps is kept under: ``<drafter's cost_tag>|rule=<rule_tag>|greedy`` (or ``sampled``)."""
+    return f"{drafter.cost_tag()}|rule={rule_tag(rule)}|{'greedy' if sampling.greedy else 'sampled'}"
+
+
+def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
+                windows: Sequence[int] = WINDOWS, cache_dir: str | os.PathLike | None = None) -> WindowPolicy:
+    """The policy of ``window="auto"`` for a decode that speculates: one table of whole decode
+    steps at ``rows`` model rows, each window's own cost and the tokens its decode committed as the
+    search's first estimate (:func:`decode_step_costs`). A step that does not pay for itself,
+    drafts, rule and commit included, is not taken: speculation falls back to W = 1."""
+    costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir)
+    return WindowPolicy({rows: costs}, tokens=tokens)
+
+
 # ---------------------------------------------------------------------------- the policy of window="auto"
 
 def window_policy(model, prefix_of: Callable[[int], Any], num_tokens: int, slots: int, siblings: int = 1,

@@ -64,6 +64,9 @@ class JacobiDrafter(Drafter):
         self.init_vocab = init_vocab or (0, vocab_size)
         self.coupling = coupling
 
+    def cost_tag(self):
+        return type(self).__name__ + ("+coupling" if self.coupling else "")
+
     def start(self, batch_size, num_tokens, sampling):
         self.sampling = sampling
         self.carried = None  # (B, C) tokens predicted by the target past each row's committed prefix

@@ -217,13 +217,27 @@ def _check_metadata(out_dir, index: int, meta: dict) -> None:
 
 
 def _window_costs(pipe, decoding: str, metas: list, batch_size: int, pipe_kwargs: dict) -> dict | None:
-    """The window costs ``window="auto"`` decodes with, measured once (None when not needed: AR, a
-    fixed window, or a pipeline without token windows)."""
+    """The window policy ``window="auto"`` decodes with (``{"tables": ..., "tokens": ...}``, see
+    the pipelines' ``window_tables``), found once with the run's own settings on a batch of its
+    first prompt; None when not needed: AR, a fixed window, or a pipeline without token windows."""
     if decoding == "ar" or pipe_kwargs.get("window", "auto") != "auto":
         return None
-    kw = {k: pipe_kwargs[k] for k in ("guidance_scale",) if k in pipe_kwargs}
-    tables = pipe.window_tables([metas[0]["prompt"]], batch_size=batch_size, **kw)
-    return {str(rows): {str(w): c for w, c in sorted(t.items())} for rows, t in sorted(tables.items())} or None
+    kw = {k: v for k, v in pipe_kwargs.items() if k != "window"}
+    policy = pipe.window_tables([metas[0]["prompt"]], batch_size=batch_size, decoding=decoding, **kw)
+    if not policy:
+        return None
+    tables = {str(rows): {str(w): c for w, c in sorted(t.items())} for rows, t in sorted(policy["tables"].items())}
+    return {"tables": tables, "tokens": {str(w): t for w, t in sorted(policy["tokens"].items())}}
+
+
+def recorded_policy(window_costs: dict):
+    """The :class:`visualspec.core.window.WindowPolicy` of a batch's recorded ``window_costs``:
+    ``{"tables": ..., "tokens": ...}``, or the bare tables an earlier version recorded."""
+    from ..core.window import WindowPolicy
+
+    if "tables" in window_costs:
+        return WindowPolicy(window_costs["tables"], tokens=window_costs.get("tokens"))
+    return WindowPolicy(window_costs)
 
 
 def _check_config(out_dir, config: dict, window_costs: Callable[[], dict | None] = lambda: None) -> dict:
@@ -324,9 +338,7 @@ def generate_batch(
         "pipe_kwargs": dict(sorted(pipe_kwargs.items())),
     }), lambda: _window_costs(pipe, decoding, metas, batch_size, pipe_kwargs))
     if config.get("window_costs"):
-        from ..core.window import WindowPolicy
-
-        pipe_kwargs = {**pipe_kwargs, "window": WindowPolicy(config["window_costs"])}
+        pipe_kwargs = {**pipe_kwargs, "window": recorded_policy(config["window_costs"])}
 
     mine = [c for j, c in enumerate(chunks(len(metas), images_per_prompt, chunk_size)) if j % world_size == rank]
     my_prompts = sorted({i for c in mine for i, _ in c})

@@ -1,0 +1,93 @@
+"""window="auto" in the image pipelines: windows chosen from the measured cost of whole decode
+steps (the drafts, the forward, the rule, the commit), so that speculation falls back to AR's step
+wherever a longer window does not pay for itself."""
+
+from functools import partial
+
+import pytest
+import torch
+
+import visualspec.core.window_costs as wc
+from visualspec.core.verify import lantern_verify, speculative_verify
+from visualspec.pipelines.tiny import tiny_random_pipeline
+
+PROMPT = "a photo of a red circle"
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    p = tiny_random_pipeline(seed=0)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+@pytest.fixture
+def priced(monkeypatch):
+    """Whole-step tables without a clock: a step of W tokens costs 1 + slope[0] (W - 1) seconds.
+    Returns the (model rows, tag) asked for and the slope, to set."""
+    asked, slope = [], [0.0]
+
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
+        asked.append((rows, tag))
+        return {w: 1.0 + slope[0] * (w - 1) for w in windows if w <= max_new_tokens}, {}
+
+    monkeypatch.setattr(wc, "decode_step_costs", tables)
+    return asked, slope
+
+
+@pytest.mark.parametrize("decoding", ["sjd", "lantern"])
+def test_steps_that_do_not_pay_decode_as_ar_and_free_ones_speculate(pipe, priced, decoding):
+    """The same call twice: where a step's cost does not grow with its window (the control) the
+    search speculates; where each extra token costs a whole step, it keeps W = 1 but for its
+    probes. Both ask for the table of their own kind of step at the call's model rows (guidance
+    doubles them)."""
+    asked, slope = priced
+    forwards = {}
+    for s in (0.0, 1.0):
+        slope[0] = s
+        out = pipe(PROMPT, decoding=decoding, seed=0, lantern_k=8, output_type="latent")
+        forwards[s] = out.stats.target_forwards
+    rule = "speculative_verify" if decoding == "sjd" else "lantern_verify(delta=0.1,lam=None,neighbours=8)"
+    assert asked == [(2, f"JacobiDrafter|rule={rule}|sampled")] * 2
+    assert forwards[0.0] < 64  # 256 tokens
+    assert forwards[1.0] >= 200
+
+
+def test_ar_and_fixed_windows_time_nothing(pipe, priced):
+    asked, _ = priced
+    assert pipe(PROMPT, decoding="ar", seed=0, output_type="latent").stats.target_forwards == 256
+    pipe(PROMPT, decoding="sjd", window=4, seed=0, output_type="latent")
+    assert asked == []
+
+
+def test_whole_steps_are_measured_once_and_kept(tmp_path, monkeypatch, capsys):
+    """Unpatched: the first call times decodes at every window (announced) and keeps the table of
+    seconds per forward and the tokens each window committed; the next call reads it."""
+    monkeypatch.setenv("VISUALSPEC_HOME", str(tmp_path))
+    pipe = tiny_random_pipeline(seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
+    assert "timing whole decode steps" in capsys.readouterr().err
+    policy = pipe.last_window_policy
+    assert set(policy.tables) == {2} and set(policy.tables[2]) == set(wc.WINDOWS)
+    assert policy.tokens[1] == 1.0 and policy.tokens[32] > policy.tokens[2] > 1.0
+    pipe(PROMPT, decoding="sjd", seed=1, output_type="latent")
+    assert "timing" not in capsys.readouterr().err
+    assert pipe.last_window_policy.tables == policy.tables
+
+
+def test_window_tables_are_the_policy_of_the_calls_to_come(pipe, priced):
+    asked, _ = priced
+    found = pipe.window_tables(PROMPT, batch_size=2, decoding="lantern", lantern_k=8)
+    assert asked == [(4, "JacobiDrafter|rule=lantern_verify(delta=0.1,lam=None,neighbours=8)|sampled")]
+    assert set(found) == {"tables", "tokens"} and set(found["tables"]) == {4}
+    assert pipe.window_tables(PROMPT, batch_size=2, decoding="ar") == {}
+
+
+def test_rule_tags_keep_the_settings_that_change_a_step_apart():
+    neighbours = torch.zeros(16, 4, dtype=torch.long)
+    assert wc.rule_tag(speculative_verify) == "speculative_verify"
+    assert (wc.rule_tag(partial(lantern_verify, neighbours=neighbours, delta=0.05, lam=None))
+            == "lantern_verify(delta=0.05,lam=None,neighbours=4)")
+    assert wc.rule_tag(partial(lantern_verify, neighbours=neighbours, delta=0.4, lam=None)) != \
+        wc.rule_tag(partial(lantern_verify, neighbours=neighbours, delta=0.05, lam=None))
