@@ -188,7 +188,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if features:  # the drafter's own step compiled with the target's (before its costs are timed)
             self._compile_feature_drafter(compiled, slots * sampling.model_rows_per_sample, num_tokens,
                                           WINDOWS if window == "auto" else [window])
-        auto = window == "auto" and drafter is not None
+        window = 1 if drafter is None else window  # AR has no window to choose
+        auto = window == "auto"
         if compiled:  # every window the decode (and its window search) can step with, before timing them
             model.precompile(prefix_of(model, list(range(slots))), num_tokens,
                              [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
@@ -199,8 +200,6 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                 drafter=drafter, sampling=sampling)
         elif auto:  # whole decode steps, drafts and rule included
             window = self.auto_window(model, prefix_of(model, list(range(slots))), num_tokens, sampling, drafter, rule)
-        elif window == "auto":
-            window = 1
 
         with self.progress_bar(total=num_tokens * rows) as bar:
             mode = (decoding + (f"+{drafts}" if drafts != DEFAULT_DRAFTS.get(decoding) else "")

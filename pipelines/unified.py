@@ -250,15 +250,14 @@ class UnifiedARPipeline(TokenImagePipeline):
                   else prefix_of(range(len(prompts))))
         compiled = compiled_step(target, compile, lambda r: prefix_of(range(r)), layout.num_tokens, len(prompts),
                                  slots)
-        auto = window == "auto" and drafter is not None
+        window = 1 if drafter is None else window  # AR has no window to choose
+        auto = window == "auto"
         if compiled:  # every window the decode (and its window search) can step with, before timing them
             target.precompile(prefix_of(range(slots)), layout.num_tokens,
                               [w for w in WINDOWS if w <= layout.num_tokens] if auto else window_lengths(window))
         if auto:  # whole decode steps, drafts and rule included
             window = self.auto_window(target, prefix_of(range(slots)), layout.num_tokens, sampling, drafter, rule,
                                       constraints)
-        elif window == "auto":
-            window = 1
         mode = decoding + ("+coupling" if coupling and drafter else "") + ("+compiled" if compiled else "")
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
             tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,

@@ -53,11 +53,20 @@ def test_steps_that_do_not_pay_decode_as_ar_and_free_ones_speculate(pipe, priced
     assert forwards[1.0] >= 200
 
 
-def test_ar_and_fixed_windows_time_nothing(pipe, priced):
+def test_ar_and_fixed_windows_time_nothing(pipe, priced, monkeypatch):
+    """AR and a fixed window measure no table, and a compiled call compiles only their windows
+    (recorded here in place of compiling: the call then runs eagerly)."""
+    import visualspec.pipelines.llamagen as llamagen
+
     asked, _ = priced
+    compiled = []
+    monkeypatch.setattr(llamagen, "compiled_step", lambda *args: True)
+    monkeypatch.setattr(pipe.transformer, "precompile", lambda prefix, n, windows, **kw: compiled.append(windows))
     assert pipe(PROMPT, decoding="ar", seed=0, output_type="latent").stats.target_forwards == 256
     pipe(PROMPT, decoding="sjd", window=4, seed=0, output_type="latent")
-    assert asked == []
+    assert asked == [] and compiled == [[1], [4]]
+    pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
+    assert len(asked) == 1 and compiled[-1] == list(wc.WINDOWS)  # every window, before they are timed
 
 
 def test_whole_steps_are_measured_once_and_kept(tmp_path, monkeypatch, capsys):
