@@ -255,16 +255,18 @@ class TokenImagePipeline(ImagePipeline):
         """``window="auto"`` for a call that speculates with ``drafter`` and ``rule``: the policy of
         :func:`visualspec.core.window_costs.step_policy`, whose table holds the cost of whole decode
         steps of ``prefix`` (the call's first batch, not a queue) at each fixed window, drafts, rule
-        and commit included, measured once per machine, batch and kind of step and cached. A window
-        that does not pay for its whole step is not taken, so speculation is never slower than
-        AR's step but for the search's probes. The target must be compiled (or not) as the call
-        will run it, every window bucket included, before this runs."""
-        def decode_at(w: int):
-            return decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=w,
-                          generator=make_generator(0), constraints=constraints)[1]
+        and commit included, measured once per machine, batch and kind of step and cached, beside
+        plain AR's step. A window that does not pay for its whole step is not taken, and where no
+        window is expected to beat plain AR this returns None: the call decodes without drafts
+        (its stats' mode says ``as AR``). So speculation is never slower than AR but for the
+        search's probes and the noise of the measurements. The target must be compiled (or not)
+        as the call will run it, every window bucket included, before this runs."""
+        def decode_at(w: int, drafts=drafter):
+            return decode(model, prefix, num_tokens, sampling, drafter=drafts, rule=rule if drafts else None,
+                          window=w, generator=make_generator(0), constraints=constraints)[1]
 
         self.last_window_policy = step_policy(model, decode_at, num_tokens, prefix_rows(prefix),
-                                              step_tag(drafter, rule, sampling))
+                                              step_tag(drafter, rule, sampling), ar_at=lambda: decode_at(1, None))
         return self.last_window_policy
 
     def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:

@@ -23,16 +23,47 @@ def pipe():
 
 @pytest.fixture
 def priced(monkeypatch):
-    """Whole-step tables without a clock: a step of W tokens costs 1 + slope[0] (W - 1) seconds.
-    Returns the (model rows, tag) asked for and the slope, to set."""
+    """Whole-step tables without a clock: a step of W tokens costs 1 + slope[0] (W - 1) seconds,
+    plain AR's step 1 second (its tag is not recorded); no tokens are seen. Returns the (model
+    rows, tag) asked for and the slope, to set."""
     asked, slope = [], [0.0]
 
     def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
+        if tag.startswith("AR|"):
+            return {1: 1.0}, {1: 1.0}
         asked.append((rows, tag))
         return {w: 1.0 + slope[0] * (w - 1) for w in windows if w <= max_new_tokens}, {}
 
     monkeypatch.setattr(wc, "decode_step_costs", tables)
     return asked, slope
+
+
+def test_where_no_window_beats_plain_ar_the_call_decodes_without_drafts(pipe, monkeypatch):
+    """The timed decodes committed 1.5 tokens a step at every window, each step costing 2 AR steps:
+    the call decodes as AR, no probes, and says so; at 2.5 tokens a step (the control) it speculates."""
+    seen = [1.5]
+
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
+        if tag.startswith("AR|"):
+            return {1: 1.0}, {1: 1.0}
+        return {w: 2.0 for w in windows}, {w: 1.0 if w == 1 else seen[0] for w in windows}
+
+    monkeypatch.setattr(wc, "decode_step_costs", tables)
+    out = pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
+    assert out.stats.mode == "sjd as AR" and out.stats.target_forwards == 256
+    assert pipe.last_window_policy is None
+    seen[0] = 2.5
+    out = pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
+    assert out.stats.mode == "sjd" and out.stats.target_forwards < 256
+
+
+def test_speculation_pays_by_its_best_window():
+    from visualspec.core.window import speculation_pays
+
+    costs = {1: 1.2, 2: 1.5, 4: 2.0}
+    assert not speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 1.9}, ar_cost=1.0)  # 0.93, 0.95 tokens per AR step
+    assert speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 2.2}, ar_cost=1.0)  # W = 4: 1.1
+    assert speculation_pays(costs, {1: 1.0}, ar_cost=1.0)  # nothing seen beyond W = 1: the search finds out
 
 
 @pytest.mark.parametrize("decoding", ["sjd", "lantern"])

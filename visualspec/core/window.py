@@ -106,6 +106,18 @@ def interpolated_cost(costs: Mapping[int, float], tokens: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (tokens - lo) / (hi - lo)
 
 
+def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar_cost: float) -> bool:
+    """Whether some window is expected to commit tokens faster than decoding without a drafter:
+    ``max_W tokens[W] / costs[W] > 1 / ar_cost``, where ``costs[W]`` are the seconds of a step of
+    the speculative decode at the fixed window W, ``tokens[W]`` the tokens per row-step it
+    committed, and ``ar_cost`` the seconds of a step of plain AR (no drafter, no rule). Without
+    tokens for any window beyond 1 nothing is known yet, and the search is left to find out (True)."""
+    rates = [tokens[w] / costs[w] for w in costs if w in tokens and costs[w] > 0]
+    if not any(w > 1 for w in costs if w in tokens):
+        return True
+    return max(rates) * ar_cost > 1.0
+
+
 class WindowSearch:
     """The window of each step of one decode call, learned as the call goes.
 
