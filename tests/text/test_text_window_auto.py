@@ -5,7 +5,6 @@ drafting costs more than it saves."""
 import pytest
 
 import visualspec.core.window_costs as wc
-import visualspec.text.generate as generate_module
 from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
 from visualspec.core.stats import DecodeStats
 from visualspec.text import generate_text
@@ -15,17 +14,20 @@ from visualspec.text import generate_text
 def priced(monkeypatch):
     """Whole-step cost tables without a clock: a step of W tokens costs 1 + 0.01 W seconds, plus
     ``per_draft[0]`` for each of its W - 1 drafts where the drafter's tag names a draft model; the
-    timed decodes committed ``seen[0]`` tokens a step at every W (none when None). Returns the tags
+    timed decodes committed ``seen[0]`` tokens a step at every W (none when None); plain AR's step
+    costs 1.05 seconds (its tag is not recorded). Returns the tags
     asked for, the per-draft price and the tokens seen, to set."""
     asked, per_draft, seen = [], [0.0], [None]
 
     def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
+        if tag.startswith("AR|"):  # plain AR's step, a little dearer than W = 1's: speculation may pay
+            return {1: 1.05}, {1: 1.0}
         asked.append(tag)
         draft = per_draft[0] if tag.startswith("DraftModelDrafter=") else 0.0
         costs = {w: 1.0 + 0.01 * w + draft * (w - 1) for w in windows if w <= max_new_tokens}
         return costs, {} if seen[0] is None else {w: seen[0] for w in costs}
 
-    monkeypatch.setattr(generate_module, "decode_step_costs", tables)
+    monkeypatch.setattr(wc, "decode_step_costs", tables)
     return asked, per_draft, seen
 
 

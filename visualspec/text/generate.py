@@ -16,7 +16,10 @@ nothing here re-implements a rule. Drafters:
   :class:`visualspec.drafters.StandDrafter`);
 - a feature drafter trained for the target (:class:`visualspec.models.feature_drafter.FeatureDraftModel`,
   ``visualspec train-drafter``): EAGLE-style drafts from the target's own features
-  (:class:`visualspec.drafters.FeatureDrafter`).
+  (:class:`visualspec.drafters.FeatureDrafter`);
+- a Kangaroo adapter folder (``visualspec train-drafter --kind kangaroo``): the target's first
+  layers and a trained adapter as a draft model (:mod:`visualspec.models.kangaroo`), which stops
+  drafting below the folder's exit threshold unless ``draft_stop_below`` says otherwise.
 
 ``acceptance="exact"`` is lossless speculative sampling (greedy matching at ``temperature=0``);
 ``"typical"`` is Medusa's typical acceptance (lossy).
@@ -40,13 +43,14 @@ from ..core.compiled import check_compile, compiled_step
 from ..core.engine import decode
 from ..models.feature_drafter import FeatureDraftModel, check_target
 from ..models.hf import HFCausalLM
+from ..models.kangaroo import check_hash, is_kangaroo_folder, kangaroo_info, load_kangaroo
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
 from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
 from ..core.stats import DecodeStats
 from ..core.tree import decode_tree
 from ..core.verify import default_rule, typical_verify
-from ..core.window import WINDOWS, WindowPolicy
-from ..core.window_costs import decode_step_costs
+from ..core.window import WINDOWS
+from ..core.window_costs import step_policy, step_tag
 
 DRAFTERS = ("ngram", "jacobi", "stand")
 ACCEPTANCE = ("exact", "typical")
@@ -109,8 +113,8 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
              stop_below=None, compile: bool = False, target: HFCausalLM | None = None):
     if isinstance(drafter, str) and drafter not in DRAFTERS:
         if not (Path(drafter) / "config.json").is_file():
-            raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS}, a feature drafter folder "
-                             f"(visualspec train-drafter) or pass a draft model")
+            raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS}, a feature drafter folder or a "
+                             f"Kangaroo folder (visualspec train-drafter) or pass a draft model")
         drafter = FeatureDraftModel.from_pretrained(drafter, torch_dtype=next(model.parameters()).dtype).eval()
     model_free = drafter is None or isinstance(drafter, (str, FeatureDraftModel))
     if draft_vocab is not None and (drafter is None or isinstance(drafter, str)):
@@ -138,18 +142,11 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
     if _vocab_size(drafter) != _vocab_size(model):
         raise ValueError(f"the draft model's vocabulary ({_vocab_size(drafter)} tokens) differs from the target's "
                          f"({_vocab_size(model)}); draft and target must share one tokenizer")
+    if kangaroo_info(drafter) is not None:
+        check_hash(kangaroo_info(drafter)["target_hash"], model)
     if draft_vocab is None:
         return DraftModelDrafter(_token_model(drafter, compile), prefix, stop_below=stop_below)
     return VocabTrimDrafter(_token_model(drafter, compile, head_rows=keep), prefix, keep, stop_below=stop_below)
-
-
-def _step_tag(drafts, rule, sampling: SamplingConfig) -> str:
-    """What sets the cost of a decode step beside the target: the drafter (its network's hash where
-    its drafts cost time), the rule, and whether it samples."""
-    drafter = drafts.cost_tag() if getattr(drafts, "prices_drafts", False) else type(drafts).__name__
-    rule = getattr(rule, "func", rule)
-    name = getattr(rule, "__name__", type(rule).__name__)
-    return f"{drafter}|rule={name}|{'greedy' if sampling.greedy else 'sampled'}"
 
 
 MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
@@ -215,7 +212,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     ``draft_stop_below`` (with a draft model only) ends each step's drafts early once the draft
     model's probability of its latest draft falls below it (transformers' assistant confidence
     threshold; lossless, see :class:`visualspec.drafters.DraftModelDrafter`), so a long ``window``
-    costs draft forwards only where the draft is sure.
+    costs draft forwards only where the draft is sure. A Kangaroo drafter's default is its
+    folder's exit threshold (``0`` turns the exit off).
 
     ``branches`` k > 1 drafts a tree (draft model or ``"stand"``): k first tokens, each followed by
     a chain, ``depth`` tokens long in all (default ``(window - 1) // k``), so the target verifies
@@ -239,9 +237,13 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         check_positive_int("window", window)
     check_sampling_args(temperature, top_k, top_p, 1.0)
     check_compile(compile)
+    if isinstance(drafter, str) and is_kangaroo_folder(drafter):
+        drafter = load_kangaroo(drafter, model)
     tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
     if tree is not None and draft_stop_below is not None:
         raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
+    if tree is None and draft_stop_below is None and kangaroo_info(drafter) is not None:
+        draft_stop_below = kangaroo_info(drafter)["stop_below"]  # Kangaroo's second early exit
     if tree is not None and window == "auto":  # a tree's window is its size
         window = 1 + branches * tree[0]
     prompts, input_ids, attention_mask = _encode(tokenizer, prompt)
@@ -264,6 +266,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         mode = "feature drafter"
     else:
         mode = drafter if isinstance(drafter, str) else "draft model" if draft_vocab is None else "vocabtrim"
+        mode = f"kangaroo{'' if draft_vocab is None else ' vocabtrim'}" if kangaroo_info(drafter) else mode
     if compile:
         mode += "+compiled"
     generator = make_generator(seed, generator, device=device)
@@ -272,6 +275,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     windows = [w for w in WINDOWS if w <= max_new_tokens] if window == "auto" else range(1, window + 1)
     if compile:  # every window bucket of the decode, before it (announced; once per process)
         target.precompile(prefix, max_new_tokens, windows, features=getattr(drafts, "wants_features", False))
+        if window == "auto" and getattr(drafts, "wants_features", False):  # plain AR's step, should it win
+            target.precompile(prefix, max_new_tokens, [1])
         if isinstance(drafts, DraftModelDrafter):
             drafts.model.precompile(prefix, max_new_tokens, windows)
         if isinstance(drafts, FeatureDrafter):
@@ -285,8 +290,12 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             return decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=w,
                           generator=make_generator(0, device=device))[1]
 
-        costs, tokens = decode_step_costs(target, decode_at, max_new_tokens, rows, _step_tag(drafts, rule, sampling))
-        window = WindowPolicy({rows: costs}, tokens=tokens)
+        def ar_at():
+            return decode(target, prefix, max_new_tokens, sampling, generator=make_generator(0, device=device))[1]
+
+        window = step_policy(target, decode_at, max_new_tokens, rows, step_tag(drafts, rule, sampling), ar_at=ar_at)
+        if window is None:  # no window is expected to beat plain AR here
+            drafts, window, mode = None, 1, mode + " as AR"
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)

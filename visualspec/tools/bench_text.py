@@ -77,6 +77,7 @@ def _causal_lm(path: Path):
 
 FEATURE_DRAFTER = "feature-drafter"  # the pair's optional EAGLE-style drafter folder (train-drafter's output)
 DISTILLED_DRAFT = "draft-distilled"  # the pair's optional DistillSpec draft (train-drafter --kind distill)
+KANGAROO = "kangaroo"  # the pair's optional Kangaroo adapter (train-drafter --kind kangaroo)
 
 
 def load_distilled_draft(folder=None):
@@ -93,6 +94,14 @@ def load_feature_drafter(folder=None):
     if not (path / "config.json").is_file():
         return None
     return FeatureDraftModel.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
+def load_kangaroo_drafter(folder, target):
+    """The pair's Kangaroo draft model around ``target`` (``kangaroo/``), or None where it has none."""
+    from ..models.kangaroo import is_kangaroo_folder, load_kangaroo
+
+    path = pair_folder(folder) / KANGAROO
+    return load_kangaroo(path, target) if is_kangaroo_folder(path) else None
 
 
 def held_out_prompts(folder, tokenizer, count: int, tokens: int = PROMPT_TOKENS, seed: int = 0) -> list[str]:
@@ -198,7 +207,7 @@ def is_ar(name: str) -> bool:
 
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
             compile: str = "both", quantized=None, feature=None, feature_window: int = 4, distilled=None,
-            temperature: float = 0.0):
+            temperature: float = 0.0, kangaroo=None, kangaroo_window: int = 4):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -214,7 +223,9 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     ``feature``: the pair's feature drafter (:func:`load_feature_drafter`), whose rows draft
     ``feature_window - 1`` tokens a step (its ``FR-Spec 1/4`` rows draft from the head's ``kept``
     rows only, the VocabTrim row's set); ``distilled``: the pair's distilled draft model
-    (``draft-distilled/``, DistillSpec), drafting as the draft model rows do. ``temperature`` > 0
+    (``draft-distilled/``, DistillSpec), drafting as the draft model rows do. ``kangaroo``: the
+    pair's Kangaroo draft model (:func:`load_kangaroo_drafter`), drafting up to ``kangaroo_window - 1``
+    tokens a step and stopping below its folder's threshold. ``temperature`` > 0
     samples every row at that temperature (transformers' rows too; no top-k or top-p).
     """
     if compile not in COMPILE_CHOICES:
@@ -259,6 +270,10 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         trim = dict(drafter=feature, draft_vocab=kept if kept is not None else len(tokenizer) // 4, compile=True)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled"] = ours(**trim, window=feature_window)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled, auto window"] = ours(**trim)
+    if kangaroo is not None:
+        eager["visualspec Kangaroo"] = ours(drafter=kangaroo, window=kangaroo_window)
+        compiled["visualspec Kangaroo, compiled"] = ours(drafter=kangaroo, window=kangaroo_window, compile=True)
+        compiled["visualspec Kangaroo, compiled, auto window"] = ours(drafter=kangaroo, compile=True)
     if distilled is not None:
         eager["visualspec distilled draft model"] = ours(**{**dynamic, "drafter": distilled})
         compiled["visualspec distilled draft model, compiled"] = ours(drafter=distilled, **COMPILED_DRAFT, compile=True)
@@ -281,7 +296,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
                        only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
                        stop_below: float = 0.2, compile: str = "both", quantize: str | None = None,
                        progress: bool = False, feature_window: int = 4, seed: int = 0,
-                       temperature: float = 0.0) -> dict:
+                       temperature: float = 0.0, kangaroo_window: int = 4) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
     fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers',
     quantised with ``quantize`` where those rows are asked for and win).
@@ -303,7 +318,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         quantize_model(quantized[1], quantize)
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
                     draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window,
-                    load_distilled_draft(folder), temperature)
+                    load_distilled_draft(folder), temperature, load_kangaroo_drafter(folder, target), kangaroo_window)
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     # the base model: every target forward runs it, whether through the LM class or (to return
@@ -349,7 +364,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     return {
         "prompts": len(texts), "seed": seed, "temperature": temperature, "new_tokens": new_tokens, "window": window,
         "draft_window": draft_window,
-        "feature_window": feature_window,
+        "feature_window": feature_window, "kangaroo_window": kangaroo_window,
         "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar, "results": results,
         "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),
         "compiled_draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model, compiled"),

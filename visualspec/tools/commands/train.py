@@ -28,10 +28,14 @@ def register(sub, common) -> None:
 
     t = sub.add_parser("train-drafter", parents=[common],
                        help="train an EAGLE-style feature drafter for a text pair's target or a shapes pipeline, "
-                            "or distil a text pair's draft model toward its target (DistillSpec) (#50)")
-    t.add_argument("--kind", choices=("eagle", "distill"), default="eagle",
+                            "distil a text pair's draft model toward its target (DistillSpec) (#50), or train a "
+                            "Kangaroo adapter on a text pair's target's first layers")
+    t.add_argument("--kind", choices=("eagle", "distill", "kangaroo"), default="eagle",
                    help="eagle: a feature drafter (text pair or shapes pipeline); distill: the pair's draft/ "
-                        "distilled on its own samples (text pairs)")
+                        "distilled on its own samples (text pairs); kangaroo: an adapter after the target's first "
+                        "--exit-layer layers (text pairs)")
+    t.add_argument("--exit-layer", type=int, help="--kind kangaroo: the target layers before the adapter "
+                                                  "(the shipped recipe: see assets/text-pair/README.md)")
     t.add_argument("--pair", default=None, help="the text pair folder (default: the shipped assets/text-pair)")
     t.add_argument("--model", default=None,
                    help="a shapes-world LlamaGen pipeline folder to train for instead (e.g. assets/shapes-t2i)")
@@ -128,8 +132,19 @@ def train_drafter(args) -> int:
     if args.pair is not None and args.model is not None:
         raise ValueError("train-drafter trains for a text pair (--pair) or an image pipeline (--model), not both")
     overrides = {k: getattr(args, k) for k in ("steps",) if getattr(args, k) is not None}
-    args.work_dir = args.work_dir or str(home() / ("train-drafter" if args.kind == "eagle" else "train-drafter-distill"))
-    if args.kind == "distill":
+    args.work_dir = args.work_dir or str(home() / ("train-drafter" if args.kind == "eagle" else
+                                                   f"train-drafter-{args.kind}"))
+    if args.exit_layer is not None and args.kind != "kangaroo":
+        raise ValueError("--exit-layer is Kangaroo's (--kind kangaroo)")
+    if args.kind == "kangaroo":
+        from ...training.kangaroo import KangarooConfig, train_kangaroo
+
+        if args.model is not None:
+            raise ValueError("--kind kangaroo trains for a text pair's target (--pair), not an image pipeline")
+        if args.exit_layer is not None:
+            overrides["exit_layer"] = args.exit_layer
+        train_kangaroo(args.pair, args.out, args.work_dir, KangarooConfig(**overrides))
+    elif args.kind == "distill":
         from ...training.distill import DistillConfig, train_distilled_draft
 
         if args.model is not None:
