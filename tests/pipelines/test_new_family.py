@@ -88,6 +88,8 @@ class ToyGridPipeline(TokenImagePipeline):
         if window == "auto":
             window = (self.auto_window(model, self._prefix(prompts[:slots]), g * g, sampling, drafter, rule)
                       if drafter else 1)
+            if window is None:  # no window beats plain AR here: decode without drafts
+                drafter, window = None, 1
         tokens, stats = decode(model, prefix, g * g, sampling, drafter=drafter, rule=rule, window=window,
                                generator=make_generator(seed, generator), mode=decoding)
         return self.output(tokens, stats, output_type, return_dict, self.decode_images)
