@@ -197,6 +197,10 @@ def load_kangaroo(folder, target):
     if key in built:
         check_hash(kangaroo_info(built[key])["target_hash"], target)
         return built[key]
-    adapter = KangarooAdapter.from_pretrained(path, torch_dtype=target.dtype).to(target.device).eval()
+    default = torch.get_default_dtype()
+    try:
+        adapter = KangarooAdapter.from_pretrained(path, torch_dtype=target.dtype).to(target.device).eval()
+    finally:  # diffusers sets the default dtype while it builds the model and leaves it so if that raises
+        torch.set_default_dtype(default)
     built[key] = lm = kangaroo_lm(adapter.requires_grad_(False), target)
     return lm

@@ -132,6 +132,7 @@ def test_a_threshold_outside_0_1_is_refused(tokenizer, tmp_path):
     (tmp_path / "kangaroo" / "config.json").write_text(json.dumps({**config, "stop_below": 2.0}))
     with pytest.raises(ValueError, match=r"stop_below must be a probability in \[0, 1\], got 2.0"):
         generate_text(model, tokenizer, "w1", drafter=folder, window=3, max_new_tokens=4)
+    assert torch.get_default_dtype() == torch.float32  # the failed load of a float64 adapter left it as it was
 
 
 def test_an_adapter_for_another_target_is_refused(tokenizer, tmp_path):
