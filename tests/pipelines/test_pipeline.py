@@ -131,7 +131,7 @@ def test_a_pipeline_with_a_feature_drafter_saves_loads_and_decodes_exactly(tmp_p
     # the window policy prices the drafter's steps; Jacobi's rules take its drafts too (LANTERN over learned drafts)
     auto = loaded([1, 3], decoding="sjd", drafts="feature", temperature=0, output_type="latent")
     assert torch.equal(greedy_ar, auto.images) and auto.stats.mode in ("sjd+feature", "sjd+feature as AR")
-    relaxed = loaded([1, 3], decoding="lantern", drafts="feature", seed=0, output_type="latent")
+    relaxed = loaded([1, 3], decoding="lantern", drafts="feature", window=3, seed=0, output_type="latent")
     assert relaxed.stats.mode == "lantern+feature" and relaxed.stats.draft_forwards > 0
     other = tiny_c2i_pipeline(seed=1)
     other.register_modules(feature_drafter=net)
