@@ -86,15 +86,15 @@ def text_losses(net, target, tokens: torch.Tensor, unroll: int, kl_weight: float
     return feature_losses(net, feats, emb, target.get_output_embeddings(), unroll, kl_weight)
 
 
-def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: FeatureDrafterConfig | None = None,
-                               progress: bool = True) -> Path:
-    """Run (or resume) the drafter's training against the target of text pair ``pair``; write it to ``out``."""
+def text_target_run(pair: str | None, work_dir: str, cfg) -> tuple:
+    """What a drafter trained against a text pair's target starts from: ``(folder, work, device,
+    t0, target, stream)``, the pair's folder, the claimed work directory (``cfg`` without
+    ``checkpoint_seconds``), the device, the start time, the frozen float32 target and the token
+    stream of ``cfg.max_files`` training files."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from ..models.feature_drafter import FeatureDraftModel, weights_hash
     from .text import encode_corpus, stdlib_files, text_pair_folder
 
-    cfg = cfg or FeatureDrafterConfig()
     folder = text_pair_folder(pair, ("tokenizer", "target"))
     work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -103,7 +103,16 @@ def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: F
     target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32, use_safetensors=True)
     target = target.to(device).eval().requires_grad_(False)
     train_files, _ = stdlib_files(cfg.max_files)
-    stream = encode_corpus(tokenizer, train_files)
+    return folder, work, device, t0, target, encode_corpus(tokenizer, train_files)
+
+
+def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: FeatureDrafterConfig | None = None,
+                               progress: bool = True) -> Path:
+    """Run (or resume) the drafter's training against the target of text pair ``pair``; write it to ``out``."""
+    from ..models.feature_drafter import FeatureDraftModel, weights_hash
+
+    cfg = cfg or FeatureDrafterConfig()
+    folder, work, device, t0, target, stream = text_target_run(pair, work_dir, cfg)
     dim = target.get_output_embeddings().weight.shape[1]
     torch.manual_seed(cfg.seed)
     net = FeatureDraftModel(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,

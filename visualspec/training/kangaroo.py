@@ -19,15 +19,13 @@ The adapter is saved in float16 with the target's weight hash and the default ex
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..models.kangaroo import KangarooAdapter, kangaroo_lm
-from .common import claim_work_dir
 
 
 @dataclass
@@ -65,21 +63,10 @@ def kangaroo_losses(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> 
 def train_kangaroo(pair: str | None, out: str, work_dir: str, cfg: KangarooConfig | None = None,
                    progress: bool = True) -> Path:
     """Run (or resume) the adapter's training against the target of text pair ``pair``; write it to ``out``."""
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    from .feature_drafter import _train
-    from .text import encode_corpus, stdlib_files, text_pair_folder
+    from .feature_drafter import _train, text_target_run
 
     cfg = cfg or KangarooConfig()
-    folder = text_pair_folder(pair, ("tokenizer", "target"))
-    work = claim_work_dir(work_dir, {k: v for k, v in asdict(cfg).items() if k != "checkpoint_seconds"})
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    t0 = time.time()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
-    target = AutoModelForCausalLM.from_pretrained(folder / "target", dtype=torch.float32, use_safetensors=True)
-    target = target.to(device).eval().requires_grad_(False)
-    train_files, _ = stdlib_files(cfg.max_files)
-    stream = encode_corpus(tokenizer, train_files)
+    folder, work, device, t0, target, stream = text_target_run(pair, work_dir, cfg)
     torch.manual_seed(cfg.seed)
     adapter = KangarooAdapter.for_target(target, cfg.exit_layer, cfg.stop_below).train().requires_grad_(True)
     draft = kangaroo_lm(adapter, target)
