@@ -52,7 +52,9 @@ def test_the_installed_package_generates_on_its_shipped_model_from_another_folde
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = ("import visualspec.assets as a, visualspec.tools.cli as c, visualspec.tools.loading as m; "
             "print(a.SHAPES_T2I); print(m.default_model()[1]); "
-            "assert c.main(['generate', 'a photo of a red circle', '--seed', '0', '-o', 'out.png']) == 0; "
+            # a fixed window: the installed package is tested here, window="auto" by the CLI tests
+            "assert c.main(['generate', 'a photo of a red circle', '--seed', '0', '--window', '8', "
+            "'-o', 'out.png']) == 0; "
             "raise SystemExit(c.main(['video', '--actions', 'right,up', '--frames', '4', '-o', 'play.gif']))")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

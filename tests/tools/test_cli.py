@@ -9,9 +9,16 @@ from PIL import Image
 from visualspec.tools.cli import main
 
 
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("home")
+
+
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("VISUALSPEC_HOME", str(tmp_path / "home"))
+def home(tmp_path, module_home, monkeypatch):
+    """A folder for the test's outputs, with one VISUALSPEC_HOME for the module: the shipped
+    model's window tables are measured once for all its commands, as on a user's machine."""
+    monkeypatch.setenv("VISUALSPEC_HOME", str(module_home))
     return tmp_path
 
 
@@ -260,6 +267,7 @@ def test_bench_measures_window_costs_only_before_it_times(home, monkeypatch):
     from visualspec.pipelines.tiny import tiny_unified_pipeline
     from visualspec.tools.bench import run_benchmark
 
+    monkeypatch.setenv("VISUALSPEC_HOME", str(home / "fresh"))  # nothing measured yet
     pipe = tiny_unified_pipeline(seed=0)
     pipe.set_progress_bar_config(disable=True)
     calls, measured_after = [], []
