@@ -261,13 +261,12 @@ class TokenImagePipeline(ImagePipeline):
         (its stats' mode says ``as AR``). So speculation is never slower than AR but for the
         search's probes and the noise of the measurements. The target must be compiled (or not)
         as the call will run it, every window bucket included, before this runs."""
-        def decode_at(w: int, n: int, drafts=drafter):
-            return decode(model, prefix, n, sampling, drafter=drafts, rule=rule if drafts else None,
+        def decode_at(w: int, drafts=drafter):
+            return decode(model, prefix, num_tokens, sampling, drafter=drafts, rule=rule if drafts else None,
                           window=w, generator=make_generator(0), constraints=constraints)[1]
 
         self.last_window_policy = step_policy(model, decode_at, num_tokens, prefix_rows(prefix),
-                                              step_tag(drafter, rule, sampling),
-                                              ar_at=lambda n: decode_at(1, n, None))
+                                              step_tag(drafter, rule, sampling), ar_at=lambda: decode_at(1, None))
         return self.last_window_policy
 
     def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:

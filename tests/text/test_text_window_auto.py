@@ -77,29 +77,26 @@ def test_free_drafts_are_tagged_by_class_and_ar_asks_nothing(priced, tokenizer):
 
 
 def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(tmp_path, monkeypatch):
-    """A fake decode of n tokens at window W takes (1 + W) n / 100 seconds of a fake clock for
-    n / W forwards: the cost is seconds over forwards, each window's first call (10x slower, as a
-    new shape's first run can be) left out by the minimum of two; W = 1 decodes only
-    ONE_TOKEN_STEPS tokens; a second call reads the cache."""
+    """A fake decode that takes 1 + W seconds of a fake clock for 10 / W forwards: the cost is
+    seconds over forwards, each window's first call (10x slower, as a new shape's first run can be)
+    left out by the minimum of two; a second call reads the cache."""
     clock, calls = [0.0], []
     monkeypatch.setattr(wc, "_clock", lambda: clock[0])
 
-    def decode_at(w, n):
-        calls.append((w, n))
-        clock[0] += (1 + w) * n / 100 * (10 if [c[0] for c in calls].count(w) == 1 else 1)
-        return DecodeStats(mode="fake", batch_size=1, num_tokens=n, target_forwards=n // w,
-                           accepted_lengths=[min(w, 3)] * (n // w))
+    def decode_at(w):
+        calls.append(w)
+        clock[0] += (1 + w) * (10 if calls.count(w) == 1 else 1)
+        return DecodeStats(mode="fake", batch_size=1, num_tokens=10, target_forwards=10 // w,
+                           accepted_lengths=[min(w, 3)] * (10 // w))
 
     model = tiny_hf("llama", vocab_size=64)
-    costs, tokens = wc.decode_step_costs(model, decode_at, 200, 1, "fake", windows=(1, 2, 4, 256), cache_dir=tmp_path)
-    assert costs == pytest.approx({1: 0.02, 2: 0.06, 4: 0.2})  # (1 + W) / 100 s a token; 256 > 200 tokens
-    assert calls == [(1, 64), (1, 64), (2, 200), (2, 200), (4, 200), (4, 200)]  # two timed decodes each
-    assert wc.ONE_TOKEN_STEPS == 64 and tokens == {1: 1.0, 2: 2.0, 4: 3.0}
-    again = wc.decode_step_costs(model, decode_at, 200, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
+    costs, tokens = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path)
+    assert costs == {1: 2 / 10, 2: 3 / 5, 4: 5 / 2}  # 16 > 10 new tokens
+    assert calls == [1, 1, 2, 2, 4, 4]  # two timed decodes each, no separate warm-up
+    assert tokens == {1: 1.0, 2: 2.0, 4: 3.0}
+    again = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
     assert again == (costs, tokens) and len(calls) == 6
-    short = wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path)[0]
-    assert short == pytest.approx({1: 0.02})
-    assert calls[-1] == (1, 10)  # a decode shorter than ONE_TOKEN_STEPS is timed whole
+    assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path)[0] == {1: 2 / 10}
 
 
 def test_a_tree_needs_its_shape_under_auto(tokenizer):

@@ -296,19 +296,15 @@ def _store_tables(path: Path, updates: Mapping[str, Mapping[int, float]]) -> Non
         warnings.warn(f"could not write the window cost cache {path}: {e}")
 
 
-ONE_TOKEN_STEPS = 64  # tokens a W = 1 decode is timed over: one a step, so its cost per forward needs no more
-
-
-def decode_step_costs(model, decode_at: Callable[[int, int], Any], max_new_tokens: int, rows: int, tag: str,
+def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
                       windows: Sequence[int] = WINDOWS, repeats: int = 2,
                       cache_dir: str | os.PathLike | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per target forward of whole decode steps, for each window W <= ``max_new_tokens``:
-    ``decode_at(W, n)`` runs a real decode of n new tokens at the fixed window W and returns its
-    stats (with ``target_forwards``), so the cost holds everything a step does, the drafter's
-    proposal, the forward, the rule and the commit, where :func:`measure_window_costs` holds the
-    forward alone. n is ``max_new_tokens``, but for W = 1, whose steps commit one token each:
-    its decode stops after ``ONE_TOKEN_STEPS`` tokens (a quarter of a 256-token image's time, the
-    slowest of the windows to time).
+    ``decode_at(W)`` runs a real decode at the fixed window W and returns its stats (with
+    ``target_forwards``), so the cost holds everything a step does, the drafter's proposal, the
+    forward, the rule and the commit, where :func:`measure_window_costs` holds the forward alone.
+    The decode is the call's whole length: a shorter one would size its cache (and a compiled
+    step's cache bucket) otherwise.
     Each W's cost is the fastest of ``repeats`` timed calls, its seconds over its target forwards
     (the prefill counted as one of them): the first call warms what a new window shape needs
     (the caller has compiled every window already), and the minimum drops it, so no separate
@@ -334,7 +330,7 @@ def decode_step_costs(model, decode_at: Callable[[int, int], Any], max_new_token
         best = None
         for _ in range(repeats):
             start = _clock()
-            stats = decode_at(w, min(max_new_tokens, ONE_TOKEN_STEPS) if w == 1 else max_new_tokens)
+            stats = decode_at(w)
             seconds = (_clock() - start) / max(int(stats.target_forwards), 1)
             best = seconds if best is None else min(best, seconds)
         measured[w] = best
@@ -368,21 +364,21 @@ def step_tag(drafter, rule, sampling) -> str:
 
 def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
                 windows: Sequence[int] = WINDOWS, cache_dir: str | os.PathLike | None = None,
-                ar_at: Callable[[int], Any] | None = None) -> WindowPolicy | None:
+                ar_at: Callable[[], Any] | None = None) -> WindowPolicy | None:
     """The policy of ``window="auto"`` for a decode that speculates: one table of whole decode
     steps at ``rows`` model rows, each window's own cost and the tokens its decode committed as the
     search's first estimate (:func:`decode_step_costs`). A step that does not pay for itself,
     drafts, rule and commit included, is not taken: speculation falls back to W = 1.
 
-    With ``ar_at`` (``ar_at(n)``: a decode of n new tokens of the same rows without a drafter),
-    a W = 1 step of the speculative decode, which still runs its drafter and rule, is weighed
-    against plain AR's step, timed the same way (kept under ``|steps=AR|...``): where no window
+    With ``ar_at`` (a decode of the same rows without a drafter), a W = 1 step of the speculative
+    decode, which still runs its drafter and rule, is weighed against plain AR's step, timed the
+    same way (kept under ``|steps=AR|...``): where no window
     is expected to beat plain AR (:func:`visualspec.core.window.speculation_pays`), None: the
     caller decodes without drafts."""
     costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir)
     if ar_at is not None:
         sampled = tag.rsplit("|", 1)[-1]
-        ar, _ = decode_step_costs(model, lambda w, n: ar_at(n), max_new_tokens, rows, f"AR|{sampled}", (1,),
+        ar, _ = decode_step_costs(model, lambda w: ar_at(), max_new_tokens, rows, f"AR|{sampled}", (1,),
                                   cache_dir=cache_dir)
         if not speculation_pays(costs, tokens, ar[1]):
             return None
