@@ -256,24 +256,27 @@ class TokenImagePipeline(ImagePipeline):
         :func:`visualspec.core.window_costs.step_policy`, whose table holds the cost of whole decode
         steps of ``prefix`` (the call's first batch, not a queue) at each fixed window, drafts, rule
         and commit included, measured once per machine, batch and kind of step and cached, beside
-        plain AR's step. A window that does not pay for its whole step is not taken, and where no
-        window is expected to beat plain AR this returns None: the call decodes without drafts
-        (its stats' mode says ``as AR``). So speculation is never slower than AR but for the
-        search's probes and the noise of the measurements. The target must be compiled (or not)
+        plain AR's step. The call decodes at the fixed window whose timed decode committed
+        tokens fastest (a search that mixes windows committed fewer: the policy's ``fixed``,
+        docs/experiments/2026-11-28-fixed-window-vs-search.md), and where no
+        window is expected to beat plain AR the policy's ``as_ar`` is set: the engine decodes the
+        call without drafts (its stats' mode says ``as AR``). So speculation is never slower than
+        AR but for the noise of the measurements. The target must be compiled (or not)
         as the call will run it, every window bucket included, before this runs."""
         def decode_at(w: int, drafts=drafter):
             return decode(model, prefix, num_tokens, sampling, drafter=drafts, rule=rule if drafts else None,
                           window=w, generator=make_generator(0), constraints=constraints)[1]
 
         self.last_window_policy = step_policy(model, decode_at, num_tokens, prefix_rows(prefix),
-                                              step_tag(drafter, rule, sampling), ar_at=lambda: decode_at(1, None))
+                                              step_tag(drafter, rule, sampling), ar_at=lambda: decode_at(1, None),
+                                              fixed=True)
         return self.last_window_policy
 
     def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:
         """Decodes one batch of ``batch_size`` images of ``prompt`` (repeated) with
         ``window="auto"`` and the other ``call_kwargs`` of the calls to come, and returns the
-        policy it decoded with (measuring its tables first where this machine has none); ``{}``
-        where that call does not speculate (AR)."""
+        policy it decoded with (measuring its tables first where this machine has none):
+        ``{"tables", "tokens", "as_ar", "fixed"}``; ``{}`` where that call does not speculate (AR)."""
         given = prompt if prompt is not None else call_kwargs.pop("class_labels", None)
         items = given if isinstance(given, (list, tuple)) else [given]
         self.last_window_policy = None
@@ -282,7 +285,7 @@ class TokenImagePipeline(ImagePipeline):
         policy = self.last_window_policy
         if policy is None:
             return {}
-        return {"tables": policy.tables, "tokens": policy.tokens}
+        return {"tables": policy.tables, "tokens": policy.tokens, "as_ar": policy.as_ar, "fixed": policy.fixed}
 
     def check_token_options(self, decoding, window, jacobi_init, coupling, lantern_k=None, lantern_delta=None,
                             lantern_lambda=None) -> None:

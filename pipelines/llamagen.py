@@ -200,16 +200,13 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
             window = self.last_window_policy = window_policy(
                 model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots, siblings, sibling_depth,
                 drafter=drafter, sampling=sampling)
-        elif auto:  # whole decode steps, drafts and rule included; None: no window beats plain AR
+        elif auto:  # whole decode steps, drafts and rule included (as_ar where none beats plain AR)
             window = self.auto_window(model, prefix_of(model, list(range(slots))), num_tokens, sampling, drafter, rule)
-        as_ar = window is None
-        if as_ar:
-            drafter, window = None, 1
 
         with self.progress_bar(total=num_tokens * rows) as bar:
             mode = (decoding + (f"+{drafts}" if drafts != DEFAULT_DRAFTS.get(decoding) else "")
                     + ("+coupling" if d["coupling"] and drafts == "jacobi" else "") + ("+pd" if tree else "")
-                    + ("+compiled" if compiled else "") + (" as AR" if as_ar else ""))
+                    + ("+compiled" if compiled else ""))
             tokens, stats = decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=window,
                                    generator=gen, mode=mode, progress=bar.update, siblings=siblings if tree else 1,
                                    sibling_depth=sibling_depth)

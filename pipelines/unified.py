@@ -255,12 +255,10 @@ class UnifiedARPipeline(TokenImagePipeline):
         if compiled:  # every window the decode (and its window search) can step with, before timing them
             target.precompile(prefix_of(range(slots)), layout.num_tokens,
                               [w for w in WINDOWS if w <= layout.num_tokens] if auto else window_lengths(window))
-        if auto:  # whole decode steps, drafts and rule included; None: no window beats plain AR
+        if auto:  # whole decode steps, drafts and rule included (as_ar where none beats plain AR)
             window = self.auto_window(target, prefix_of(range(slots)), layout.num_tokens, sampling, drafter, rule,
                                       constraints)
         mode = decoding + ("+coupling" if coupling and drafter else "") + ("+compiled" if compiled else "")
-        if window is None:
-            drafter, window, mode = None, 1, mode + " as AR"
         with self.progress_bar(total=layout.num_tokens * len(prompts)) as bar:
             tokens, stats = decode(target, prefix, layout.num_tokens, sampling, drafter=drafter, rule=rule,
                                    window=window, generator=gen, constraints=constraints,

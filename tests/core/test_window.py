@@ -327,3 +327,50 @@ def test_a_step_with_costly_drafts_is_priced_with_them_and_then_stays_ar(clock):
     assert set(proposals) == {(start, w - 1) for w in plain if w > 1}  # W = 1 drafts nothing
     assert WindowPolicy({1: plain}).search(prior=0.6).window(1) > 1
     assert WindowPolicy({1: priced}).search(prior=0.6).window(1) == 1
+
+
+def test_a_policy_that_decodes_as_ar_drops_the_drafter_in_the_engine():
+    """A policy with ``as_ar`` decodes with plain AR's law and forwards whatever drafter and rule
+    the caller passed (the same tokens as no drafter, one forward a token, the mode saying so);
+    the same policy without it speculates (the control)."""
+    from visualspec.core.engine import decode
+    from visualspec.core.sampling import SamplingConfig
+    from visualspec.core.verify import speculative_verify
+    from visualspec.drafters import JacobiDrafter
+
+    model = tiny_llamagen(vocab_size=8, block_size=64)
+    prefix, sampling = torch.tensor([0, 1]), SamplingConfig(temperature=1.0)
+    costs = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}
+
+    def run(**kw):
+        return decode(model, prefix, 64, sampling, generator=torch.Generator().manual_seed(3), mode="sjd", **kw)
+
+    ar, ar_stats = run()
+    tokens, stats = run(drafter=JacobiDrafter(8, "random"), rule=speculative_verify,
+                        window=WindowPolicy({2: costs}, as_ar=True))
+    assert torch.equal(tokens, ar) and stats.mode == "sjd as AR"
+    assert stats.target_forwards == ar_stats.target_forwards == 64  # the prefill and 63 one-token steps
+    _, control = run(drafter=JacobiDrafter(8, "random"), rule=speculative_verify, window=WindowPolicy({2: costs}))
+    assert control.mode == "sjd" and control.target_forwards < 64
+
+
+def test_a_fixed_policy_takes_the_window_whose_fixed_decode_committed_fastest():
+    """tokens / cost: 1, 1.2 / 1.1, 2.4 / 1.5 = 1.6, 3.0 / 2.5 = 1.2 a second: W = 4 every step,
+    whatever the steps commit; the same policy unfixed searches (the control: it moves)."""
+    from visualspec.core.window import best_fixed_window
+
+    costs, tokens = {1: 1.0, 2: 1.1, 4: 1.5, 8: 2.5}, {1: 1.0, 2: 1.2, 4: 2.4, 8: 3.0}
+    assert best_fixed_window(costs, tokens) == 4
+    assert best_fixed_window(costs, {}) == 1  # nothing seen beyond W = 1
+    assert best_fixed_window({1: 1.0, 2: 2.0}, {2: 2.0}) == 1  # a tie goes to the smaller window
+    fixed = WindowPolicy({2: costs}, tokens=tokens, fixed=True).search()
+    for _ in range(20):
+        assert fixed.window(2) == 4
+        fixed.observe(4, torch.tensor([4.0]))
+    moving = WindowPolicy({2: costs}, tokens=tokens).search(probe_every=4, probe_steps=2)
+    seen = set()
+    for _ in range(20):
+        w = moving.window(2)
+        seen.add(w)
+        moving.observe(w, torch.tensor([float(w)]))
+    assert seen != {4}

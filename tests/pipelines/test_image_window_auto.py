@@ -23,16 +23,17 @@ def pipe():
 
 @pytest.fixture
 def priced(monkeypatch):
-    """Whole-step tables without a clock: a step of W tokens costs 1 + slope[0] (W - 1) seconds,
-    plain AR's step 1 second (its tag is not recorded); no tokens are seen. Returns the (model
-    rows, tag) asked for and the slope, to set."""
+    """Whole-step tables without a clock: a step of W tokens costs 1 + slope[0] (W - 1) seconds
+    and committed (W + 1) / 2 tokens, plain AR's step 1 second (its tag is not recorded). Returns
+    the (model rows, tag) asked for and the slope, to set."""
     asked, slope = [], [0.0]
 
     def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
         if tag.startswith("AR|"):
             return {1: 1.0}, {1: 1.0}
         asked.append((rows, tag))
-        return {w: 1.0 + slope[0] * (w - 1) for w in windows if w <= max_new_tokens}, {}
+        kept = [w for w in windows if w <= max_new_tokens]
+        return {w: 1.0 + slope[0] * (w - 1) for w in kept}, {w: (w + 1) / 2 for w in kept}
 
     monkeypatch.setattr(wc, "decode_step_costs", tables)
     return asked, slope
@@ -51,7 +52,7 @@ def test_where_no_window_beats_plain_ar_the_call_decodes_without_drafts(pipe, mo
     monkeypatch.setattr(wc, "decode_step_costs", tables)
     out = pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
     assert out.stats.mode == "sjd as AR" and out.stats.target_forwards == 256
-    assert pipe.last_window_policy is None
+    assert pipe.last_window_policy.as_ar
     seen[0] = 2.5
     out = pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
     assert out.stats.mode == "sjd" and out.stats.target_forwards < 256
@@ -69,9 +70,9 @@ def test_speculation_pays_by_its_best_window():
 @pytest.mark.parametrize("decoding", ["sjd", "lantern"])
 def test_steps_that_do_not_pay_decode_as_ar_and_free_ones_speculate(pipe, priced, decoding):
     """The same call twice: where a step's cost does not grow with its window (the control) the
-    search speculates; where each extra token costs a whole step, it keeps W = 1 but for its
-    probes. Both ask for the table of their own kind of step at the call's model rows (guidance
-    doubles them)."""
+    call speculates at the largest window; where each extra token costs a whole step, no window
+    beats AR and it decodes as AR. Both ask for the table of their own kind of step at the
+    call's model rows (guidance doubles them)."""
     asked, slope = priced
     forwards = {}
     for s in (0.0, 1.0):
@@ -81,7 +82,7 @@ def test_steps_that_do_not_pay_decode_as_ar_and_free_ones_speculate(pipe, priced
     rule = "speculative_verify" if decoding == "sjd" else "lantern_verify(delta=0.1,lam=None,neighbours=8)"
     assert asked == [(2, f"JacobiDrafter|rule={rule}|sampled")] * 2
     assert forwards[0.0] < 64  # 256 tokens
-    assert forwards[1.0] >= 200
+    assert forwards[1.0] == 256 and pipe.last_window_policy.as_ar
 
 
 def test_ar_and_fixed_windows_time_nothing(pipe, priced, monkeypatch):
@@ -120,7 +121,7 @@ def test_window_tables_are_the_policy_of_the_calls_to_come(pipe, priced):
     asked, _ = priced
     found = pipe.window_tables(PROMPT, batch_size=2, decoding="lantern", lantern_k=8)
     assert asked == [(4, "JacobiDrafter|rule=lantern_verify(delta=0.1,lam=None,neighbours=8)|sampled")]
-    assert set(found) == {"tables", "tokens"} and set(found["tables"]) == {4}
+    assert set(found) == {"tables", "tokens", "as_ar", "fixed"} and set(found["tables"]) == {4} and found["fixed"]
     assert pipe.window_tables(PROMPT, batch_size=2, decoding="ar") == {}
 
 

@@ -85,11 +85,9 @@ class ToyGridPipeline(TokenImagePipeline):
                   if slots < len(prompts) else self._prefix(prompts))
         drafter, rule = self.token_decoding(decoding, sampling, vocab_size=len(COLOURS), grid_width=g,
                                             jacobi_init="random", coupling=False)
-        if window == "auto":
+        if window == "auto":  # a policy the engine follows, decoding as AR where no window beats it
             window = (self.auto_window(model, self._prefix(prompts[:slots]), g * g, sampling, drafter, rule)
                       if drafter else 1)
-            if window is None:  # no window beats plain AR here: decode without drafts
-                drafter, window = None, 1
         tokens, stats = decode(model, prefix, g * g, sampling, drafter=drafter, rule=rule, window=window,
                                generator=make_generator(seed, generator), mode=decoding)
         return self.output(tokens, stats, output_type, return_dict, self.decode_images)

@@ -302,7 +302,8 @@ def test_auto_windows_resume_byte_identically_from_the_recorded_costs(pipe, tmp_
     config = json.loads((out / "batch_config.json").read_text())
     assert config["batch_size"] == 2 and config["chunk_size"] == 6
     recorded = config["window_costs"]  # whole decode steps at 2 images' model rows, and their tokens
-    assert set(recorded) == {"tables", "tokens"} and set(recorded["tables"]) == {"4"} and recorded["tokens"]["1"] == 1
+    assert set(recorded) == {"tables", "tokens", "as_ar", "fixed"} and set(recorded["tables"]) == {"4"}
+    assert recorded["tokens"]["1"] == 1 and recorded["as_ar"] is False and recorded["fixed"] is True
     reference = snapshot(out)
     os.remove(out / "00001/samples/0000.png")
 
@@ -353,3 +354,7 @@ def test_window_costs_recorded_by_an_earlier_version_still_resume():
     new = recorded_policy({"tables": {"4": {"1": 1.0, "2": 1.5}}, "tokens": {"1": 1.0, "2": 1.8}})
     assert old.tables == new.tables == {4: {1: 1.0, 2: 1.5}}
     assert old.tokens == {} and new.tokens == {1: 1.0, 2: 1.8}
+    ar = recorded_policy({"tables": {"4": {"1": 1.0, "2": 1.5}}, "tokens": {"1": 1.0, "2": 1.2}, "as_ar": True})
+    assert ar.as_ar and not new.as_ar and not old.as_ar  # a run that decoded as AR resumes as AR
+    fixed = recorded_policy({"tables": {"4": {"1": 1.0, "2": 1.5}}, "tokens": {"1": 1.0, "2": 1.8}, "fixed": True})
+    assert fixed.fixed and not new.fixed and not old.fixed  # and one at the best fixed window at it

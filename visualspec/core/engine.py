@@ -209,7 +209,9 @@ def decode(
     ``prefix`` is the model's prefix for every row, or :class:`Requests` (continuous batching).
     ``window`` is the number of tokens fed per target forward (drafts = window - 1), or a
     :class:`visualspec.core.window.WindowPolicy` whose search picks it each step; it is ignored
-    without a drafter. ``rule`` is any
+    without a drafter. A policy whose ``as_ar`` is set (no window is expected to beat plain AR's
+    step) decodes without the drafter and its rule, one token a forward, and the stats' mode ends
+    in ``as AR``. ``rule`` is any
     function of :mod:`visualspec.core.verify` (default:
     :func:`visualspec.core.verify.default_rule`). ``generator`` is one
     generator, or one per row (per request).
@@ -228,6 +230,9 @@ def decode(
     """
     if not hasattr(window, "search") and not (is_int(window) and window >= 1):
         raise ValueError(f"window must be an integer >= 1 or a WindowPolicy, got {window!r}")
+    if getattr(window, "as_ar", False):  # the policy found no window that beats plain AR here
+        drafter, rule, window = None, None, 1
+        mode = (mode or "ar") + " as AR"
     check_int("siblings", siblings, 1)
     check_int("sibling_depth", sibling_depth, 0)
     tree = siblings > 1 and sibling_depth > 0 and drafter is not None

@@ -118,6 +118,31 @@ def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar
     return max(rates) * ar_cost > 1.0
 
 
+def best_fixed_window(costs: Mapping[int, float], tokens: Mapping[int, float]) -> int:
+    """The window whose decode at that fixed window committed tokens fastest:
+    ``argmax_W tokens[W] / costs[W]`` over the W of ``costs`` (seconds per step) with ``tokens``
+    (tokens per row-step; W = 1 commits 1), ties to the smaller W."""
+    rates = {w: tokens.get(w, 1.0 if w == 1 else None) for w in costs}
+    return max(sorted(w for w, t in rates.items() if t is not None), key=lambda w: rates[w] / costs[w])
+
+
+class FixedWindow:
+    """The search of a ``fixed`` :class:`WindowPolicy`: every step takes :func:`best_fixed_window`
+    of the table at the step's model rows, whatever the steps commit."""
+
+    def __init__(self, policy: "WindowPolicy"):
+        self.policy = policy
+
+    def option(self, model_rows: int, extra=None) -> tuple[int, bool]:
+        return best_fixed_window(self.policy.costs(model_rows), self.policy.tokens), False
+
+    def window(self, model_rows: int) -> int:
+        return self.option(model_rows)[0]
+
+    def observe(self, window: int, committed, tree: bool = False) -> None:
+        """Nothing to learn: the window was chosen from whole decodes at each fixed window."""
+
+
 class WindowSearch:
     """The window of each step of one decode call, learned as the call goes.
 
@@ -233,12 +258,19 @@ class WindowPolicy:
     measured uses the table of the nearest measured batch at or above it, else the largest one.
     A user-fixed window simply does not use a policy. ``tokens`` (optional, ``{W: tokens per
     row-step}``, e.g. what decodes at each fixed window committed while their costs were timed)
-    replaces the search's prior for each W until a step with W is seen.
+    replaces the search's prior for each W until a step with W is seen. ``as_ar`` says that no
+    window is expected to beat plain AR's step (:func:`speculation_pays`): a decode given this
+    policy runs without its drafter (:func:`visualspec.core.engine.decode`). ``fixed`` (for tables
+    and tokens of whole decodes at each fixed window) skips the search: every step takes
+    :func:`best_fixed_window` (:class:`FixedWindow`), which on the shapes model committed tokens
+    faster than a search that mixes windows
+    (docs/experiments/2026-11-28-fixed-window-vs-search.md).
     """
 
     def __init__(self, tables: Mapping[int, Mapping[int, float]],
                  tree_tables: Mapping[int, Mapping[int, float]] | None = None,
-                 tokens: Mapping[int, float] | None = None):
+                 tokens: Mapping[int, float] | None = None, as_ar: bool = False, fixed: bool = False):
+        self.as_ar, self.fixed = bool(as_ar), bool(fixed)
         self.tokens = {int(w): float(t) for w, t in (tokens or {}).items()}
         if not tables:
             raise ValueError("a window policy needs at least one cost table")
@@ -267,9 +299,10 @@ class WindowPolicy:
         """The sibling-tree step costs used at ``model_rows`` rows (empty when none were measured)."""
         return _nearest(self.tree_tables, model_rows) if self.tree_tables else {}
 
-    def search(self, **kwargs) -> WindowSearch:
-        """A fresh :class:`WindowSearch` over these tables, for one decode call."""
-        return WindowSearch(self, **kwargs)
+    def search(self, **kwargs) -> "WindowSearch | FixedWindow":
+        """A fresh :class:`WindowSearch` over these tables, for one decode call (a
+        :class:`FixedWindow` where the policy is ``fixed``)."""
+        return FixedWindow(self) if self.fixed else WindowSearch(self, **kwargs)
 
 
 # ---------------------------------------------------------------------------- the model batch

@@ -364,7 +364,7 @@ def step_tag(drafter, rule, sampling) -> str:
 
 def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
                 windows: Sequence[int] = WINDOWS, cache_dir: str | os.PathLike | None = None,
-                ar_at: Callable[[], Any] | None = None) -> WindowPolicy | None:
+                ar_at: Callable[[], Any] | None = None, fixed: bool = False) -> WindowPolicy:
     """The policy of ``window="auto"`` for a decode that speculates: one table of whole decode
     steps at ``rows`` model rows, each window's own cost and the tokens its decode committed as the
     search's first estimate (:func:`decode_step_costs`). A step that does not pay for itself,
@@ -373,16 +373,17 @@ def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, row
     With ``ar_at`` (a decode of the same rows without a drafter), a W = 1 step of the speculative
     decode, which still runs its drafter and rule, is weighed against plain AR's step, timed the
     same way (kept under ``|steps=AR|...``): where no window
-    is expected to beat plain AR (:func:`visualspec.core.window.speculation_pays`), None: the
-    caller decodes without drafts."""
+    is expected to beat plain AR (:func:`visualspec.core.window.speculation_pays`), the policy's
+    ``as_ar`` is set, and the engine decodes without drafts. ``fixed``: the policy takes the best
+    of those fixed windows at every step, with no search (:class:`visualspec.core.window.FixedWindow`)."""
     costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir)
     if ar_at is not None:
         sampled = tag.rsplit("|", 1)[-1]
         ar, _ = decode_step_costs(model, lambda w: ar_at(), max_new_tokens, rows, f"AR|{sampled}", (1,),
                                   cache_dir=cache_dir)
-        if not speculation_pays(costs, tokens, ar[1]):
-            return None
-    return WindowPolicy({rows: costs}, tokens=tokens)
+        return WindowPolicy({rows: costs}, tokens=tokens, fixed=fixed,
+                            as_ar=not speculation_pays(costs, tokens, ar[1]))
+    return WindowPolicy({rows: costs}, tokens=tokens, fixed=fixed)
 
 
 # ---------------------------------------------------------------------------- the policy of window="auto"

@@ -286,16 +286,14 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     elif isinstance(drafts, FeatureDrafter):
         drafts.model.compile_step(False)
     if window == "auto" and tree is None:  # whole steps timed as this decode runs them: compiled or eager
-        def decode_at(w, n):
-            return decode(target, prefix, n, sampling, drafter=drafts, rule=rule, window=w,
+        def decode_at(w):
+            return decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=w,
                           generator=make_generator(0, device=device))[1]
 
-        def ar_at(n):
-            return decode(target, prefix, n, sampling, generator=make_generator(0, device=device))[1]
+        def ar_at():
+            return decode(target, prefix, max_new_tokens, sampling, generator=make_generator(0, device=device))[1]
 
         window = step_policy(target, decode_at, max_new_tokens, rows, step_tag(drafts, rule, sampling), ar_at=ar_at)
-        if window is None:  # no window is expected to beat plain AR here
-            drafts, window, mode = None, 1, mode + " as AR"
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode)

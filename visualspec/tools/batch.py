@@ -227,16 +227,20 @@ def _window_costs(pipe, decoding: str, metas: list, batch_size: int, pipe_kwargs
     if not policy:
         return None
     tables = {str(rows): {str(w): c for w, c in sorted(t.items())} for rows, t in sorted(policy["tables"].items())}
-    return {"tables": tables, "tokens": {str(w): t for w, t in sorted(policy["tokens"].items())}}
+    return {"tables": tables, "tokens": {str(w): t for w, t in sorted(policy["tokens"].items())},
+            "as_ar": policy.get("as_ar", False), "fixed": policy.get("fixed", False)}
 
 
 def recorded_policy(window_costs: dict):
     """The :class:`visualspec.core.window.WindowPolicy` of a batch's recorded ``window_costs``:
-    ``{"tables": ..., "tokens": ...}``, or the bare tables an earlier version recorded."""
+    ``{"tables": ..., "tokens": ..., "as_ar": ..., "fixed": ...}`` (so every shard and resumed run
+    decodes as the first did: as AR, at the best fixed window or by the search), or the bare
+    tables an earlier version recorded."""
     from ..core.window import WindowPolicy
 
     if "tables" in window_costs:
-        return WindowPolicy(window_costs["tables"], tokens=window_costs.get("tokens"))
+        return WindowPolicy(window_costs["tables"], tokens=window_costs.get("tokens"),
+                            as_ar=window_costs.get("as_ar", False), fixed=window_costs.get("fixed", False))
     return WindowPolicy(window_costs)
 
 
