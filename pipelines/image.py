@@ -256,9 +256,11 @@ class TokenImagePipeline(ImagePipeline):
         :func:`visualspec.core.window_costs.step_policy`, whose table holds the cost of whole decode
         steps of ``prefix`` (the call's first batch, not a queue) at each fixed window, drafts, rule
         and commit included, measured once per machine, batch and kind of step and cached, beside
-        plain AR's step. The call decodes at the fixed window whose timed decode committed
-        tokens fastest (a search that mixes windows committed fewer: the policy's ``fixed``,
-        docs/experiments/2026-11-28-fixed-window-vs-search.md), and where no
+        plain AR's step. With Jacobi drafts (which carry over between steps) the call decodes at
+        the fixed window whose timed decode committed tokens fastest (a search that mixes windows
+        starts cold drafts and committed fewer: the policy's ``fixed``,
+        docs/experiments/2026-11-28-fixed-window-vs-search.md); drafts made afresh each step (the
+        feature drafter, a draft model) keep the search. Where no
         window is expected to beat plain AR the policy's ``as_ar`` is set: the engine decodes the
         call without drafts (its stats' mode says ``as AR``). So speculation is never slower than
         AR but for the noise of the measurements. The target must be compiled (or not)
@@ -269,7 +271,7 @@ class TokenImagePipeline(ImagePipeline):
 
         self.last_window_policy = step_policy(model, decode_at, num_tokens, prefix_rows(prefix),
                                               step_tag(drafter, rule, sampling), ar_at=lambda: decode_at(1, None),
-                                              fixed=True)
+                                              fixed=getattr(drafter, "carries_drafts", False))
         return self.last_window_policy
 
     def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:

@@ -132,3 +132,15 @@ def test_rule_tags_keep_the_settings_that_change_a_step_apart():
             == "lantern_verify(delta=0.05,lam=None,neighbours=4)")
     assert wc.rule_tag(partial(lantern_verify, neighbours=neighbours, delta=0.4, lam=None)) != \
         wc.rule_tag(partial(lantern_verify, neighbours=neighbours, delta=0.05, lam=None))
+
+
+def test_carried_drafts_take_the_best_fixed_window_and_fresh_ones_search(pipe, priced, monkeypatch):
+    """Jacobi's drafts carry over between steps, so its calls hold the best fixed window of the
+    timed decodes; drafts made afresh each step (here Jacobi's, told it does not carry) search."""
+    from visualspec.drafters import JacobiDrafter
+
+    pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
+    assert pipe.last_window_policy.fixed and pipe.last_window_policy.search().window(2) == 32
+    monkeypatch.setattr(JacobiDrafter, "carries_drafts", False)
+    pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
+    assert not pipe.last_window_policy.fixed
