@@ -28,6 +28,21 @@ def labels_prefix(sampling, label=1):
     return make
 
 
+def prompt_prefix(rows):
+    """PROMPT for each of ``rows`` rows, as a causal LM's prefix."""
+    return torch.tensor([PROMPT]).expand(rows, len(PROMPT))
+
+
+def reporting_uniform_law(drafter_class):
+    """A control drafter: ``drafter_class``'s drafts, reported as drawn from the uniform law, so
+    the rule accepts and resamples against the wrong q and a fit of its output must fail."""
+    class WrongLaw(drafter_class):
+        def propose(self, tokens, n, k, generator=None):
+            drafts, q = super().propose(tokens, n, k, generator)
+            return drafts, torch.full_like(q, 1 / q.shape[-1])
+    return WrongLaw
+
+
 def accept_with_p_rule(draft_tokens, draft_probs, target_probs, generator):
     """A deliberately wrong rule: accept with p(x) instead of min(1, p(x)/q(x)), residual as usual."""
     n = draft_tokens.shape[0]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import PROMPT, N, V
+from drafters.harness import N, V, prompt_prefix, reporting_uniform_law
 from visualspec.core.engine import Requests, decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
@@ -117,22 +117,16 @@ def test_feature_drafts_are_lossless():
     target = HFCausalLM(tiny_hf("llama", vocab_size=V))
     net = drafter_net(target, seed=3)
 
-    def make_prefix(rows):
-        return torch.tensor([PROMPT]).expand(rows, len(PROMPT))
-
-    class WrongLaw(FeatureDrafter):
-        def propose(self, tokens, n, k, generator=None):
-            drafts, q = super().propose(tokens, n, k, generator)
-            return drafts, torch.full_like(q, 1 / q.shape[-1])
+    WrongLaw = reporting_uniform_law(FeatureDrafter)
 
     sampling = SamplingConfig(**V_SEQ)
-    seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
-    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=64, window=3,
-                             drafter_factory=lambda rows: FeatureDrafter(net, target, make_prefix(rows)))
+    seqs, probs = exact_sequence_distribution(target, prompt_prefix, N, sampling)
+    drawn = sample_sequences(target, prompt_prefix, N, sampling, 20000, batch=64, window=3,
+                             drafter_factory=lambda rows: FeatureDrafter(net, target, prompt_prefix(rows)))
     fit = chi_square_fit(drawn, seqs, probs)
     assert fit.passed, fit
-    control = sample_sequences(target, make_prefix, N, sampling, 20000, batch=64, window=3,
-                               drafter_factory=lambda rows: WrongLaw(net, target, make_prefix(rows)))
+    control = sample_sequences(target, prompt_prefix, N, sampling, 20000, batch=64, window=3,
+                               drafter_factory=lambda rows: WrongLaw(net, target, prompt_prefix(rows)))
     assert not chi_square_fit(control, seqs, probs).passed
 
 
@@ -143,16 +137,13 @@ def test_a_draft_vocabulary_keeps_drafts_lossless():
     target = HFCausalLM(tiny_hf("llama", vocab_size=V))
     net, keep = drafter_net(target, seed=3), [1, 3]
 
-    def make_prefix(rows):
-        return torch.tensor([PROMPT]).expand(rows, len(PROMPT))
-
     class ForgotTrim(FeatureDrafter):
         def _draw(self, features, generator):
             drafts, _ = super()._draw(features, generator)
             return drafts, self.sampling.probs(self.target.head(features[:, None].to(self.real.dtype))[:, 0])
 
     sampling = SamplingConfig(**V_SEQ)
-    seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
+    seqs, probs = exact_sequence_distribution(target, prompt_prefix, N, sampling)
     drafted = []
 
     class Kept(FeatureDrafter):
@@ -161,15 +152,15 @@ def test_a_draft_vocabulary_keeps_drafts_lossless():
             drafted.append((drafts, q))
             return drafts, q
 
-    drawn = sample_sequences(target, make_prefix, N, sampling, 8000, batch=128, window=3,
-                             drafter_factory=lambda rows: Kept(net, target, make_prefix(rows), keep=keep))
+    drawn = sample_sequences(target, prompt_prefix, N, sampling, 8000, batch=128, window=3,
+                             drafter_factory=lambda rows: Kept(net, target, prompt_prefix(rows), keep=keep))
     fit = chi_square_fit(drawn, seqs, probs)
     assert fit.passed, fit
     drafts = torch.cat([d.flatten() for d, _ in drafted])
     q = torch.cat([q.flatten(0, 1) for _, q in drafted])
     assert set(drafts.tolist()) == {1, 3} and float(q[:, [0, 2]].abs().max()) == 0.0
-    control = sample_sequences(target, make_prefix, N, sampling, 8000, batch=128, window=3,
-                               drafter_factory=lambda rows: ForgotTrim(net, target, make_prefix(rows), keep=keep))
+    control = sample_sequences(target, prompt_prefix, N, sampling, 8000, batch=128, window=3,
+                               drafter_factory=lambda rows: ForgotTrim(net, target, prompt_prefix(rows), keep=keep))
     bad = chi_square_fit(control, seqs, probs)
     assert not bad.passed, bad
 

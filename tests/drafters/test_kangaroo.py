@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import generate_reference, tiny_hf
-from drafters.harness import PROMPT, N, V
+from drafters.harness import N, V, prompt_prefix, reporting_uniform_law
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import DraftModelDrafter
@@ -168,16 +168,10 @@ def test_kangaroo_drafts_are_lossless():
     target = HFCausalLM(model)
     draft = kangaroo_lm(adapter_for(model, seed=3, std=0.5), model)
 
-    def make_prefix(rows):
-        return torch.tensor([PROMPT]).expand(rows, len(PROMPT))
-
-    class WrongLaw(DraftModelDrafter):
-        def propose(self, tokens, n, k, generator=None):
-            drafts, q = super().propose(tokens, n, k, generator)
-            return drafts, torch.full_like(q, 1 / q.shape[-1])
+    WrongLaw = reporting_uniform_law(DraftModelDrafter)
 
     sampling = SamplingConfig(**V_SEQ)
-    seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
+    seqs, probs = exact_sequence_distribution(target, prompt_prefix, N, sampling)
     stopped = []
 
     class Exits(DraftModelDrafter):
@@ -186,11 +180,11 @@ def test_kangaroo_drafts_are_lossless():
             stopped.append(drafts.shape[1] < k)
             return drafts, q
 
-    drawn = sample_sequences(target, make_prefix, N, sampling, 4000, batch=2000, window=3,
-                             drafter_factory=lambda rows: Exits(HFCausalLM(draft), make_prefix(rows), stop_below=0.7))
+    drawn = sample_sequences(target, prompt_prefix, N, sampling, 4000, batch=2000, window=3,
+                             drafter_factory=lambda rows: Exits(HFCausalLM(draft), prompt_prefix(rows), stop_below=0.7))
     fit = chi_square_fit(drawn, seqs, probs)
     assert fit.passed, fit
     assert any(stopped)  # the second exit took some steps' drafts short
-    control = sample_sequences(target, make_prefix, N, sampling, 4000, batch=2000, window=3,
-                               drafter_factory=lambda rows: WrongLaw(HFCausalLM(draft), make_prefix(rows)))
+    control = sample_sequences(target, prompt_prefix, N, sampling, 4000, batch=2000, window=3,
+                               drafter_factory=lambda rows: WrongLaw(HFCausalLM(draft), prompt_prefix(rows)))
     assert not chi_square_fit(control, seqs, probs).passed
