@@ -106,24 +106,29 @@ def interpolated_cost(costs: Mapping[int, float], tokens: int) -> float:
     return costs[lo] + (costs[hi] - costs[lo]) * (tokens - lo) / (hi - lo)
 
 
-def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar_cost: float) -> bool:
-    """Whether some window is expected to commit tokens faster than decoding without a drafter:
-    ``max_W tokens[W] / costs[W] > 1 / ar_cost``, where ``costs[W]`` are the seconds of a step of
-    the speculative decode at the fixed window W, ``tokens[W]`` the tokens per row-step it
-    committed, and ``ar_cost`` the seconds of a step of plain AR (no drafter, no rule). Without
-    tokens for any window beyond 1 nothing is known yet, and the search is left to find out (True)."""
-    rates = [tokens[w] / costs[w] for w in costs if w in tokens and costs[w] > 0]
-    if not any(w > 1 for w in costs if w in tokens):
-        return True
-    return max(rates) * ar_cost > 1.0
-
-
 def best_fixed_window(costs: Mapping[int, float], tokens: Mapping[int, float]) -> int:
     """The window whose decode at that fixed window committed tokens fastest:
     ``argmax_W tokens[W] / costs[W]`` over the W of ``costs`` (seconds per step) with ``tokens``
     (tokens per row-step; W = 1 commits 1), ties to the smaller W."""
-    rates = {w: tokens.get(w, 1.0 if w == 1 else None) for w in costs}
-    return max(sorted(w for w, t in rates.items() if t is not None), key=lambda w: rates[w] / costs[w])
+    return max(sorted(w for w in costs if w in tokens or w == 1), key=lambda w: _committed(tokens, w) / costs[w])
+
+
+def _committed(tokens: Mapping[int, float], window: int) -> float:
+    """Tokens per row-step at ``window``: as seen, and 1 at W = 1, which commits one token a step."""
+    return tokens.get(window, 1.0) if window == 1 else tokens[window]
+
+
+def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar_cost: float) -> bool:
+    """Whether some window is expected to commit tokens faster than decoding without a drafter:
+    ``max_W tokens[W] / costs[W] > 1 / ar_cost`` (the rate of :func:`best_fixed_window`), where
+    ``costs[W]`` are the seconds of a step of the speculative decode at the fixed window W,
+    ``tokens[W]`` the tokens per row-step it committed, and ``ar_cost`` the seconds of a step of
+    plain AR (no drafter, no rule). Without tokens for any window beyond 1 nothing is known yet,
+    and the search is left to find out (True)."""
+    if not any(w > 1 for w in costs if w in tokens):
+        return True
+    best = best_fixed_window(costs, tokens)
+    return _committed(tokens, best) / costs[best] * ar_cost > 1.0
 
 
 class FixedWindow:

@@ -377,13 +377,13 @@ def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, row
     ``as_ar`` is set, and the engine decodes without drafts. ``fixed``: the policy takes the best
     of those fixed windows at every step, with no search (:class:`visualspec.core.window.FixedWindow`)."""
     costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir)
+    as_ar = False
     if ar_at is not None:
         sampled = tag.rsplit("|", 1)[-1]
         ar, _ = decode_step_costs(model, lambda w: ar_at(), max_new_tokens, rows, f"AR|{sampled}", (1,),
                                   cache_dir=cache_dir)
-        return WindowPolicy({rows: costs}, tokens=tokens, fixed=fixed,
-                            as_ar=not speculation_pays(costs, tokens, ar[1]))
-    return WindowPolicy({rows: costs}, tokens=tokens, fixed=fixed)
+        as_ar = not speculation_pays(costs, tokens, ar[1])
+    return WindowPolicy({rows: costs}, tokens=tokens, as_ar=as_ar, fixed=fixed)
 
 
 # ---------------------------------------------------------------------------- the policy of window="auto"
