@@ -56,8 +56,12 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
     def forward(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Training: the pairs (B, L, D) each of columns 0..L-1 (``features`` already shifted: the
         feature at column c is the target's f_{c-1}) -> predicted features (B, L, D), causally."""
-        x = self.fc(torch.cat([embeddings, features], -1))
+        x = self.fuse(embeddings, features)
         return self.layer(x, rotary(self.rope[:x.shape[1]], x.dtype), None)
+
+    def fuse(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The layer's input at each column from its pair: ``fc([embedding; feature])``."""
+        return self.fc(torch.cat([embeddings, features], -1))
 
     def reset(self, rows: int, columns: int, valid: torch.Tensor | None = None) -> None:
         """An empty cache of ``columns`` columns for ``rows`` rows; ``valid`` (rows, <= columns) bool
@@ -100,8 +104,13 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         key = torch.arange(S, device=columns.device)
         allowed = (key <= columns[:, :, None]) & valid[:, None, :]
         allowed |= key == columns[:, :, None]
-        x = self.fc(torch.cat([embeddings, features], -1))
+        x = self.fuse(embeddings, features)
         return self.layer(x, rotary(self.rope[columns], x.dtype), allowed[:, None], (*self._cache, rows), columns)
+
+    @property
+    def embedding_width(self) -> int:
+        """The width of a pair's token part: the target's embedding width D."""
+        return self.config.feature_size
 
     def pairs_bucket(self, pairs: int) -> int:
         """How many pairs a step of ``pairs`` should feed (repeating the last one): its compiled
@@ -125,7 +134,8 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         self.reset(rows, columns)
         for L in sorted({L for L in lengths if L <= COMPILED_WINDOWS}):
             x = self.fc.weight.new_zeros(rows, L, D)
-            self.step(x, x, torch.arange(L, device=x.device).expand(rows, L), compile_new=True)
+            self.step(x.new_zeros(rows, L, self.embedding_width), x, torch.arange(L, device=x.device).expand(rows, L),
+                      compile_new=True)
         self.reset(rows, columns)
 
     def select(self, rows: torch.Tensor) -> None:
@@ -140,6 +150,19 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         self._valid[rows] = True
         if valid is not None:
             self._valid[rows, :valid.shape[1]] = valid
+
+
+def load_draft_model(folder, **kwargs) -> FeatureDraftModel:
+    """The feature drafter saved in ``folder``, of the class its config names: an EAGLE one
+    (:class:`FeatureDraftModel`) or a Chimera one (:class:`visualspec.models.chimera.ChimeraDraftModel`);
+    ``kwargs`` go to ``from_pretrained``."""
+    from .chimera import ChimeraDraftModel
+
+    classes = {c.__name__: c for c in (FeatureDraftModel, ChimeraDraftModel)}
+    name = FeatureDraftModel.load_config(folder).get("_class_name")
+    if name not in classes:
+        raise ValueError(f"{folder} holds a {name}, not a feature drafter ({' or '.join(classes)})")
+    return classes[name].from_pretrained(folder, **kwargs)
 
 
 def _describe_bucket(key) -> str:

@@ -158,3 +158,26 @@ def test_draft_model_trees_take_one_generator_per_prompt(tokenizer):
     for prompt, seed, ids in zip(prompts, [3, 4], both.token_ids):
         alone = generate_text(target, tokenizer, [prompt], generator=_generators([seed]), **kw)
         assert alone.token_ids[0] == ids
+
+
+@pytest.mark.parametrize("queue", [False, True], ids=["batch", "queue"])
+def test_a_stop_token_ends_each_row_where_it_first_commits_it(queue):
+    model = tiny_llamagen(seed=2, vocab_size=16, block_size=16, std=0.3)
+    ids = list(range(6))
+    full, full_stats = decode(model, _labels(ids, PLAIN), 16, PLAIN, drafter=_jacobi(False), window=4,
+                              generator=_generators(ids))
+    # the token some rows commit first at their earliest: rows then stop at different positions
+    stop = int(torch.mode(full[:, 2:8].flatten()).values)
+    first = [row.tolist().index(stop) if stop in row.tolist() else None for row in full]
+    assert len({f for f in first if f is not None}) > 1 and min(f for f in first if f is not None) < 12
+    prefix = Requests(6, lambda rows: _labels(rows, PLAIN), slots=2) if queue else _labels(ids, PLAIN)
+    out, stats = decode(model, prefix, 16, PLAIN, drafter=_jacobi(False), window=4, generator=_generators(ids),
+                        stop_token=stop)
+    for row, ref, at in zip(out, full, first):
+        if at is None:  # the control: a row that never commits the stop token decodes as before
+            assert torch.equal(row, ref)
+        else:
+            assert torch.equal(row[:at + 1], ref[:at + 1]) and bool((row[at:] == stop).all())
+    assert int(stats.row_forwards.sum()) < int(full_stats.row_forwards.sum())  # stopped rows forward no more
+    assert stats.stopped_tokens == sum(16 - 1 - at for at in first if at is not None)  # filled, not generated
+    assert stats.tokens_per_sequence == 16 - stats.stopped_tokens / 6

@@ -279,6 +279,30 @@ def test_cost_cache_keys_differ_by_batch_and_model(tmp_path, counted, monkeypatc
     assert len(json.loads((tmp_path / "window_costs.json").read_text())) == 3
 
 
+def test_a_table_timed_by_other_code_is_measured_again(tmp_path, counted, monkeypatch):
+    """The key holds a hash of the step's source: a change to a file of it (here a stand-in
+    package) is a new key, so the table is timed again; the unchanged code reads it."""
+    from visualspec.core import window_costs
+
+    package = tmp_path / "stepcode"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "step.py").write_text("COST = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(window_costs, "STEP_CODE", ("stepcode",))
+    window_costs.code_version.cache_clear()
+    model = tiny_llamagen(vocab_size=16, block_size=16)
+    measure = lambda: cached_window_costs(model, torch.zeros(2, dtype=torch.long), 16, cache_dir=tmp_path)  # noqa: E731
+    measure()
+    measure()
+    assert len(counted) == 1
+    (package / "step.py").write_text("COST = 2\n")
+    window_costs.code_version.cache_clear()
+    measure()
+    assert len(counted) == 2
+    window_costs.code_version.cache_clear()  # the next test reads the real code's version
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"x": 3}', ""])
 def test_corrupt_cost_cache_is_measured_again(tmp_path, counted, content):
     (tmp_path / "window_costs.json").write_text(content)

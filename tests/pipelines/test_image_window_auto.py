@@ -65,6 +65,8 @@ def test_speculation_pays_by_its_best_window():
     assert not speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 1.9}, ar_cost=1.0)  # 0.93, 0.95 tokens per AR step
     assert speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 2.2}, ar_cost=1.0)  # W = 4: 1.1
     assert speculation_pays(costs, {1: 1.0}, ar_cost=1.0)  # nothing seen beyond W = 1: the search finds out
+    # a W = 1 step timed cheaper than AR's (0.9 against 1.0) is noise, not a reason to speculate
+    assert not speculation_pays({1: 0.9, 2: 1.5, 4: 2.0}, {1: 1.0, 2: 1.4, 4: 1.9}, ar_cost=1.0)
 
 
 @pytest.mark.parametrize("decoding", ["sjd", "lantern"])

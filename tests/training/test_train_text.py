@@ -114,3 +114,28 @@ def test_text_benchmark_runs_every_method_on_a_tiny_pair(tiny_pair, tiny_drafter
     for rule in ("rsd (without replacement)", "spectr (iid)", "recursive_iid (iid)"):
         optimum = gap["optimal, without replacement" if "without" in rule else "optimal, iid"]
         assert 0 <= gap[rule] <= optimum + 1e-6
+
+
+def test_a_chimera_drafter_trains_for_the_target_loads_and_decodes_exactly(tiny_pair):
+    """``train-drafter --kind chimera`` on the tiny pair: three steps, saved with the target's hash,
+    loaded by its class, greedy output equal to plain decoding, and its heads trained away from
+    their zero start."""
+    from visualspec.models.chimera import ChimeraDraftModel
+    from visualspec.models.feature_drafter import load_draft_model, weights_hash
+    from visualspec.training.feature_drafter import ChimeraConfig, train_text_chimera
+
+    tmp, out = tiny_pair
+    cfg = ChimeraConfig(context=32, batch=2, steps=3, warmup_steps=1, n_head=2, max_files=24, heads=3,
+                        checkpoint_seconds=0.0)
+    folder = train_text_chimera(str(out), str(tmp / "chimera"), str(tmp / "work-chimera"), cfg, progress=False)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32)
+    net = load_draft_model(folder, torch_dtype=torch.float32)
+    assert isinstance(net, ChimeraDraftModel) and net.config.heads == 3
+    assert net.config.target_hash == weights_hash(target)
+    assert all(float(head.weight.abs().max()) > 0 for head in net.residual_heads)
+    plain = generate_text(target, tokenizer, "def f(x):", max_new_tokens=8, temperature=0)
+    spec = generate_text(target, tokenizer, "def f(x):", drafter=str(folder), window=4, max_new_tokens=8,
+                         temperature=0)
+    assert plain.token_ids == spec.token_ids and spec.stats.mode == "chimera"
+    assert json.loads((folder / "training.json").read_text())["command"] == "visualspec train-drafter --kind chimera"

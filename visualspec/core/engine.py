@@ -203,6 +203,7 @@ def decode(
     siblings: int = 1,
     sibling_depth: int = 2,
     constraints: TokenConstraints | None = None,
+    stop_token: int | None = None,
 ) -> tuple[torch.Tensor, DecodeStats]:
     """Generate ``num_tokens`` tokens per row. Returns ``(tokens (R, num_tokens), stats)``.
 
@@ -223,6 +224,9 @@ def decode(
     ``constraints`` (:class:`visualspec.core.constraints.TokenConstraints`) fixes structural tokens
     at their positions and restricts the others to allowed tokens: forced positions are drafted
     with their token and a point mass, so they are accepted with probability 1.
+
+    ``stop_token`` (e.g. a tokenizer's end-of-sequence id) ends a row once it commits that token;
+    the rest of its row is that token, as transformers' ``generate`` pads a finished row.
 
     The rows in flight, their commits and the statistics are the run's
     (:class:`visualspec.core.rows._Run`); a step here drafts, verifies, commits and keeps the
@@ -247,7 +251,8 @@ def decode(
     rule = rule or default_rule(sampling)
     run = _Run(target, prefix, num_tokens, sampling, drafter=drafter, rule=rule, generator=generator,
                mode=mode or ("ar" if drafter is None else type(drafter).__name__), progress=progress,
-               constraints=constraints, requests=prefix if isinstance(prefix, Requests) else None)
+               constraints=constraints, requests=prefix if isinstance(prefix, Requests) else None,
+               stop_token=stop_token)
     search = (window.search(carried=getattr(drafter, "carries_drafts", False))  # fresh per call: its windows
               if hasattr(window, "search") else None)                            # depend on it alone
     extra = (lambda w: extra_nodes(min(sibling_depth, w - 1), siblings)) if tree else None

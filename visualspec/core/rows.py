@@ -91,6 +91,25 @@ class _Rows:
         self.most = min(self.N, self.most + candidates.shape[1])
         return counts
 
+    def stop(self, token: int, start: torch.Tensor, counts: torch.Tensor) -> int:
+        """Rows that just wrote ``token`` at positions ``start`` .. ``start + counts - 1`` end there:
+        the rest of their buffer is ``token`` (as transformers pads a finished row with its end
+        token) and they count as done. Returns the positions after their stop tokens. One read
+        from the device, whether any row stopped (and a second where one did)."""
+        offset = torch.arange(self.N, device=self.n.device)[None] - start[:, None]
+        hit = (self.seq == token) & (offset >= 0) & (offset < counts[:, None])
+        stopped = hit.any(1)
+        if not bool(stopped.any()):
+            return 0
+        after = hit.long().cumsum(1) > 0  # from each stopping row's first new end token on
+        after &= stopped[:, None]
+        filled = int(after.sum()) - int(stopped.sum())
+        self.seq = torch.where(after, torch.full_like(self.seq, token), self.seq)
+        self.fixed = torch.where(after & (self.fixed == 0), self.forwards[:, None], self.fixed)
+        self.n = torch.where(stopped, torch.full_like(self.n, self.N), self.n)
+        self.most = self.N
+        return filled
+
     def any_done(self) -> bool:
         """Whether some row has committed all N tokens. The counts are read from the device only
         once the host's bound :attr:`most` (raised by each commit's window) reaches N, and the read
@@ -136,7 +155,7 @@ class _Run:
 
     def __init__(self, target, prefix: Any, num_tokens: int, sampling: SamplingConfig, *, drafter, rule: Rule | None,
                  generator: Generator, mode: str, progress=None, constraints: TokenConstraints | None = None,
-                 requests=None):
+                 requests=None, stop_token: int | None = None):
         check_positive_int("num_tokens", num_tokens)
         if constraints is not None and constraints.num_tokens != num_tokens:
             raise ValueError(f"the constraints cover {constraints.num_tokens} positions, but {num_tokens} tokens "
@@ -147,7 +166,7 @@ class _Run:
         self.constraints = constraints
         self.t0 = time.perf_counter()
         self.target, self.N, self.sampling, self.drafter = target, num_tokens, sampling, drafter
-        self.rule, self.progress, self.requests = rule, progress, requests
+        self.rule, self.progress, self.requests, self.stop_token = rule, progress, requests, stop_token
         self._counts, self._structural = [], []  # each commit's counts (and forced tokens), on the device
         self._unreported, self._reported_at = None, time.perf_counter()
         if requests is not None:
@@ -176,7 +195,7 @@ class _Run:
         self.row_forwards = torch.empty(total, dtype=torch.long)
         self.stats = DecodeStats(mode=mode, batch_size=total, num_tokens=num_tokens, target_forwards=1,
                                  slots=rows_in_model)
-        self.rows.start(every, every, first)
+        self._start(every, every, first)
         self._count_first(rows_in_model)
         if drafter is not None:
             drafter.start(rows_in_model, num_tokens, sampling)
@@ -269,11 +288,22 @@ class _Run:
         self.rows.forwards += (self.rows.n < self.N).long()
         self.stats.target_forwards += 1
 
+    def _start(self, rows: torch.Tensor, requests: torch.Tensor, first: torch.Tensor) -> None:
+        """Rows ``rows`` begin ``requests`` with their first tokens (:meth:`_Rows.start`); a first
+        token that is the stop token ends the row at once."""
+        self.rows.start(rows, requests, first)
+        if self.stop_token is not None:
+            counts = torch.zeros(len(self.rows), dtype=torch.long, device=first.device)
+            counts[rows] = 1
+            self.stats.stopped_tokens += self.rows.stop(self.stop_token, torch.zeros_like(counts), counts)
+
     def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
         """The shared commit step (:meth:`_Rows.commit`): tokens, acceptance map, statistics,
-        progress. Returns the counts (b,)."""
+        progress; a row that commits the stop token ends (:meth:`_Rows.stop`). Returns the counts (b,)."""
         start = self.rows.n
         counts = self.rows.commit(drafts, accepted, emitted)
+        if self.stop_token is not None:
+            self.stats.stopped_tokens += self.rows.stop(self.stop_token, start, counts)
         if self.constraints is not None:
             self._structural.append(self.constraints.count(start, counts))
         self._counts.append(counts)  # read once, at the end
@@ -295,6 +325,13 @@ class _Run:
         """Whether finished rows leave the batch (else they stay in it, idle)."""
         return hasattr(self.target, "select")
 
+    def _store(self, rows: torch.Tensor) -> None:
+        """Keep the tokens, acceptance map and forwards of the finished rows ``rows``."""
+        req = self.rows.req[rows]
+        self.tokens[req] = self.rows.seq[rows]
+        self.fixed_at[req] = self.rows.fixed[rows].cpu()
+        self.row_forwards[req] = self.rows.forwards[rows].cpu()
+
     def finish_rows(self) -> None:
         """Move finished rows out; refill their slots from the queue, else drop them."""
         rows = self.rows
@@ -303,10 +340,7 @@ class _Run:
         self._flush_report()  # a row finished: progress counted by whole sequences moves now
         done = rows.n >= self.N
         finished = done.nonzero()[:, 0]
-        req = rows.req[finished]
-        self.tokens[req] = rows.seq[finished]
-        self.fixed_at[req] = rows.fixed[finished].cpu()
-        self.row_forwards[req] = rows.forwards[finished].cpu()
+        self._store(finished)
         waiting = (self.requests.count - self.next_request) if self.requests is not None else 0
         if waiting > 0:
             slots = finished[:waiting]
@@ -317,7 +351,7 @@ class _Run:
                 out, prefix_features = out
             self.stats.target_forwards += 1
             new = torch.tensor(ids, dtype=torch.long, device=rows.req.device)
-            rows.start(slots, new, self.first_tokens(out, row_generators(rows.all_generators, ids)))
+            self._start(slots, new, self.first_tokens(out, row_generators(rows.all_generators, ids)))
             self._count_first(len(slots))
             if self.drafter is not None:
                 self.drafter.reset(slots, ids)
@@ -325,6 +359,7 @@ class _Run:
                     self.drafter.prefix_features(prefix_features, slots)
             self._report(torch.ones(len(slots), dtype=torch.long))
             done = rows.n >= self.N
+            self._store(slots[done[slots]])  # a request whose first token is the stop token is whole
         if bool(done.any()):
             keep = (~done).nonzero()[:, 0]
             if len(keep):

@@ -22,6 +22,8 @@ class DecodeStats:
       included. Plain AR needs exactly ``num_tokens`` per sequence.
     - ``accepted_lengths``: tokens committed by each row in each decode step after its prefill
       (accepted drafts plus the one token the target emits), i.e. Spec-Bench's tau per row-step.
+    - ``stopped_tokens``: positions after a sequence's stop token (``decode(..., stop_token=)``), filled
+      with it rather than generated; the sequences generated ``num_tokens`` each less these in all.
     - ``fixed_at`` (batch_size, num_tokens): for every generated position of every sequence, that
       sequence's target forward (1-based; its prefill is 1) at which the token was fixed. For an
       image this is the acceptance map.
@@ -43,6 +45,7 @@ class DecodeStats:
     drafts_accepted: int = 0  # continuous tokens: of those, the drafts kept
     sibling_steps: int = 0  # proactive drafting: row-steps whose accepted path went through a sibling
     structural_tokens: int = 0  # tokens fixed by the layout (row ends, end of image), never drafted freely
+    stopped_tokens: int = 0  # positions after a sequence's stop token (text's EOS): filled, not generated
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -67,13 +70,18 @@ class DecodeStats:
         return float(self.row_forwards.double().mean())
 
     @property
+    def tokens_per_sequence(self) -> float:
+        """Mean tokens a sequence generated: ``num_tokens`` less its share of ``stopped_tokens``."""
+        return self.num_tokens - self.stopped_tokens / max(self.batch_size, 1)
+
+    @property
     def tokens_per_forward(self) -> float:
-        """Tokens committed per target forward per sequence (1.0 for AR): ``num_tokens`` over
-        :attr:`forwards_per_sequence`, i.e. all sequences' tokens over the target forwards each
-        took part in (prefills included), summed over sequences. A batched forward counts once for
-        every row in it, so the figure does not grow or shrink with the batch size; at batch 1 it
-        is ``num_tokens / target_forwards``."""
-        return self.num_tokens / max(self.forwards_per_sequence, 1.0)
+        """Tokens generated per target forward per sequence (1.0 for AR):
+        :attr:`tokens_per_sequence` over :attr:`forwards_per_sequence`, i.e. all sequences' tokens
+        over the target forwards each took part in (prefills included), summed over sequences. A
+        batched forward counts once for every row in it, so the figure does not grow or shrink
+        with the batch size; at batch 1 without a stop it is ``num_tokens / target_forwards``."""
+        return self.tokens_per_sequence / max(self.forwards_per_sequence, 1.0)
 
     @property
     def accepted_histogram(self) -> dict[int, int]:
@@ -85,7 +93,7 @@ class DecodeStats:
         skip = ("fixed_at", "accepted_lengths", "row_forwards")
         if not self.drafts_proposed:
             skip += CONTINUOUS_COUNTS
-        skip += tuple(name for name in ("sibling_steps", "structural_tokens") if not getattr(self, name))
+        skip += tuple(name for name in ("sibling_steps", "structural_tokens", "stopped_tokens") if not getattr(self, name))
         d = {k: v for k, v in asdict(self).items() if k not in skip}
         d.update(
             forwards_per_sequence=round(self.forwards_per_sequence, 3),
@@ -99,7 +107,8 @@ class DecodeStats:
     def summary(self) -> str:
         hist = " ".join(f"{k}:{v}" for k, v in self.accepted_histogram.items())
         return (
-            f"{self.mode}: {self.num_tokens} tokens x {self.batch_size} in {self.target_forwards} target forwards, "
+            f"{self.mode}: {self.num_tokens} tokens x {self.batch_size}"
+            f"{f' ({self.stopped_tokens} after stop tokens)' if self.stopped_tokens else ''} in {self.target_forwards} target forwards, "
             f"{self.forwards_per_sequence:.1f} per sequence ({self.tokens_per_forward:.2f} tokens/forward, "
             f"mean accepted {self.mean_accepted:.2f}), "
             f"{self.wall_time_s:.2f} s; accepted-length histogram {hist or '-'}"

@@ -56,6 +56,7 @@ def decode_tree(
     rule: Callable,
     generator: Generator = None,
     mode: str = "",
+    stop_token: int | None = None,
 ) -> tuple[torch.Tensor, DecodeStats]:
     """Multi-draft decoding: each step the drafter proposes ``branches`` chains of ``depth`` tokens
     (:class:`visualspec.core.multidraft.DraftTree`), the target (a
@@ -69,7 +70,8 @@ def decode_tree(
     Lossless when the rule is lossless for the drafter's scheme: the first emitted token has law p
     whatever was drafted, and given the picked first token its chain was drafted from the chain's
     own q, which step 2 verifies exactly. Rows commit their own counts, as in
-    :func:`visualspec.core.engine.decode`. ``prefix`` is the model's prefix for every row.
+    :func:`visualspec.core.engine.decode`. ``prefix`` is the model's prefix for every row;
+    ``stop_token`` ends a row as there.
     """
     check_positive_int("branches (k)", branches)
     check_positive_int("depth", depth)
@@ -77,7 +79,7 @@ def decode_tree(
         raise ValueError("tree decoding does not support classifier-free guidance")
     chain_rule = default_rule(sampling)
     run = _Run(target, prefix, num_tokens, sampling, drafter=drafter, rule=chain_rule, generator=generator,
-               mode=mode or f"tree {branches}x{depth}")
+               mode=mode or f"tree {branches}x{depth}", stop_token=stop_token)
     while run.live():
         rows = run.rows
         n, gens = rows.n, rows.generator

@@ -119,16 +119,18 @@ def _committed(tokens: Mapping[int, float], window: int) -> float:
 
 
 def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar_cost: float) -> bool:
-    """Whether some window is expected to commit tokens faster than decoding without a drafter:
-    ``max_W tokens[W] / costs[W] > 1 / ar_cost`` (the rate of :func:`best_fixed_window`), where
-    ``costs[W]`` are the seconds of a step of the speculative decode at the fixed window W,
-    ``tokens[W]`` the tokens per row-step it committed, and ``ar_cost`` the seconds of a step of
-    plain AR (no drafter, no rule). Without tokens for any window beyond 1 nothing is known yet,
-    and the search is left to find out (True)."""
-    if not any(w > 1 for w in costs if w in tokens):
+    """Whether some window that drafts is expected to commit tokens faster than decoding without
+    a drafter: ``max_{W > 1} tokens[W] / costs[W] > 1 / ar_cost``, where ``costs[W]`` are the
+    seconds of a step of the speculative decode at the fixed window W, ``tokens[W]`` the tokens
+    per row-step it committed, and ``ar_cost`` the seconds of a step of plain AR (no drafter, no
+    rule). W = 1 does not count: its step is plain AR's with the drafter's upkeep besides, so a
+    table where it came out cheaper than AR's step says only how noisy the two timings were.
+    Without tokens for any window beyond 1 nothing is known yet, and the search is left to find
+    out (True)."""
+    drafting = [w for w in costs if w > 1 and w in tokens]
+    if not drafting:
         return True
-    best = best_fixed_window(costs, tokens)
-    return _committed(tokens, best) / costs[best] * ar_cost > 1.0
+    return max(tokens[w] / costs[w] for w in drafting) * ar_cost > 1.0
 
 
 class FixedWindow:

@@ -12,7 +12,9 @@ before decoding, never in the middle of it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -31,7 +33,7 @@ import torch
 from .checks import check_positive_int
 from .home import home
 from .proactive import tree_step_timer
-from .window import WINDOWS, WindowPolicy, prefix_rows, speculation_pays
+from .window import WINDOWS, WindowPolicy, best_fixed_window, prefix_rows, speculation_pays
 
 CACHE_FILE = "window_costs.json"
 _clock = time.perf_counter  # one name, so tests can swap in a fake clock
@@ -186,17 +188,35 @@ def first_parameter(model) -> torch.Tensor | None:
     return next((p for obj in _modules(model) if isinstance(obj, torch.nn.Module) for p in obj.parameters()), None)
 
 
+STEP_CODE = ("visualspec.core", "visualspec.drafters", "visualspec.models")  # what a decode step runs
+
+
+@functools.cache
+def code_version() -> str:
+    """A hash of the source of the packages a decode step runs (:data:`STEP_CODE`): a table timed
+    by other code (an older visualspec, a changed checkout) is not read as this code's."""
+    digest = hashlib.sha256()
+    for package in STEP_CODE:
+        spec = importlib.util.find_spec(package)
+        for folder in spec.submodule_search_locations or ():
+            for path in sorted(Path(folder).glob("*.py")):
+                digest.update(path.name.encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def cost_signature(model, rows: int, max_new_tokens: int, compiled: bool | None = None) -> str:
     """The cache key of a cost table: model class, a hash of its config, parameter dtype, device
-    type, machine, torch threads, torch version, model batch rows and ``max_new_tokens``, and
-    ``|compiled`` for a compiled step (default: whether the model's ``compiled_step`` is on)."""
+    type, machine, torch threads, torch and visualspec code versions (:func:`code_version`), model
+    batch rows and ``max_new_tokens``, and ``|compiled`` for a compiled step (default: whether the
+    model's ``compiled_step`` is on)."""
     if compiled is None:
         compiled = bool(getattr(model, "compiled_step", False))
     param = first_parameter(model)
     dtype, device = (str(param.dtype), param.device) if param is not None else ("unknown", torch.device("cpu"))
     return "|".join([type(model).__name__, f"config={config_hash(model)}", dtype.replace("torch.", ""), device.type,
                      machine_name(device), platform.machine(), f"threads={torch.get_num_threads()}",
-                     f"torch={torch.__version__}", f"rows={rows}", f"new={max_new_tokens}"]
+                     f"torch={torch.__version__}", f"code={code_version()}", f"rows={rows}", f"new={max_new_tokens}"]
                     + (["compiled"] if compiled else []))
 
 
@@ -370,12 +390,12 @@ def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, row
     search's first estimate (:func:`decode_step_costs`). A step that does not pay for itself,
     drafts, rule and commit included, is not taken: speculation falls back to W = 1.
 
-    With ``ar_at`` (a decode of the same rows without a drafter), a W = 1 step of the speculative
-    decode, which still runs its drafter and rule, is weighed against plain AR's step, timed the
-    same way (kept under ``|steps=AR|...``): where no window
-    is expected to beat plain AR (:func:`visualspec.core.window.speculation_pays`), the policy's
+    With ``ar_at`` (a decode of the same rows without a drafter), the windows that draft are
+    weighed against plain AR's step, timed the same way (kept under ``|steps=AR|...``): where none
+    is expected to beat it (:func:`visualspec.core.window.speculation_pays`), the policy's
     ``as_ar`` is set, and the engine decodes without drafts. ``fixed``: the policy takes the best
-    of those fixed windows at every step, with no search (:class:`visualspec.core.window.FixedWindow`)."""
+    of those fixed windows at every step, with no search (:class:`visualspec.core.window.FixedWindow`);
+    where that is W = 1 it decodes as AR too."""
     costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir)
     as_ar = False
     if ar_at is not None:
@@ -383,6 +403,8 @@ def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, row
         ar, _ = decode_step_costs(model, lambda w: ar_at(), max_new_tokens, rows, f"AR|{sampled}", (1,),
                                   cache_dir=cache_dir)
         as_ar = not speculation_pays(costs, tokens, ar[1])
+    # a fixed policy whose best window is W = 1 would run plain AR's step with the drafter's upkeep
+    as_ar |= fixed and best_fixed_window(costs, tokens) == 1
     return WindowPolicy({rows: costs}, tokens=tokens, as_ar=as_ar, fixed=fixed)
 
 

@@ -10,12 +10,13 @@ Model-free drafters: :class:`NGramDrafter` (prompt lookup, deterministic drafts)
 drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft model whose LM head is
 restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). Continuous tokens:
 :class:`ContinuousDraftModelDrafter` (CSpD's draft model). Learned from the target:
-:class:`FeatureDrafter` (EAGLE-style drafting from the target's features).
+:class:`FeatureDrafter` (EAGLE-style drafting from the target's features) and
+:class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them).
 """
 
 from ..core.engine import Drafter
 from .continuous import ContinuousDraftModelDrafter
-from .feature import FeatureDrafter
+from .feature import ChimeraDrafter, FeatureDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
 from .jacobi import INIT_SCHEMES, JacobiDrafter, coupled_redraft
 from .ngram import NGramDrafter
@@ -23,4 +24,4 @@ from .stand import StandDrafter
 
 __all__ = ["Drafter", "JacobiDrafter", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
            "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter",
-           "FeatureDrafter"]
+           "FeatureDrafter", "ChimeraDrafter"]

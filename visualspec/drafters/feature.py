@@ -58,6 +58,12 @@ class FeatureDrafter(Drafter):
             self.keep = kept_token_ids(keep, target.vocab_size)
             self._kept_head = target.kept_head(self.keep)
 
+    @classmethod
+    def for_model(cls, model, target, prefix=None, keep=None) -> "FeatureDrafter":
+        """The drafter of a feature drafter network: :class:`ChimeraDrafter` for a Chimera one
+        (whose heads give several features a pass), else this class."""
+        return (ChimeraDrafter if hasattr(model, "head_features") else FeatureDrafter)(model, target, prefix, keep)
+
     @property
     def forwards(self):
         return self._forwards
@@ -104,16 +110,29 @@ class FeatureDrafter(Drafter):
             self.consumed[model_rows] = 0
             self.real[model_rows] = 0
         self.real[model_rows, 0] = features[:, -1]
+        pairs = None if ids is None else self._prompt_inputs(ids.to(features.device), model_rows)
         if width > 1:  # the prompt's pairs (x_c, f_{c-1}), c = 1..T-1
             columns = torch.arange(1, self.P, device=features.device).expand(len(model_rows), -1)
-            self._step(ids[:, 1:].to(features.device), features[:, :-1], columns, model_rows, compiled=False)
+            self._step(pairs, features[:, :-1], columns, model_rows, compiled=False)
+
+    def _prompt_inputs(self, ids, model_rows):
+        """The token part of the prompt's pairs, columns 1..T-1, from its ids (rows ``model_rows``)."""
+        return ids[:, 1:]
+
+    def _generated_inputs(self, tokens, g):
+        """The token part of the pairs at generated positions ``g`` (model rows, L) of ``tokens``."""
+        return tokens.gather(1, g)
+
+    def _embed(self, tokens):
+        """The target's embeddings of a pair's token part."""
+        return self.target.embed_tokens(tokens)
 
     def _step(self, tokens, features, columns, rows=None, compiled=True):
         """One drafter forward over (token, feature) pairs at cache columns ``columns`` (all rows, or
         cache rows ``rows`` when they are a subset, eagerly); ``compiled=False``: eagerly (shapes
         that come once, as a prompt's)."""
         self._forwards += 1
-        emb = self.target.embed_tokens(tokens).to(self.model.fc.weight.dtype)
+        emb = self._embed(tokens).to(self.model.fc.weight.dtype)
         feats = features.to(emb.dtype)
         if rows is not None and len(rows) == self.real.shape[0]:
             rows = None
@@ -129,20 +148,25 @@ class FeatureDrafter(Drafter):
             q = self._unguided.probs(full_vocabulary(kept, self.keep, self.target.vocab_size))
         return self.sampling.draw(q, generator), q
 
+    def _catch_up(self, tokens, n):
+        """Write positions consumed..n-1 from real features (the last pair repeating to fill a
+        compiled bucket); returns each model row's output at n-1, which predicts position n (model
+        rows, D), and n per model row."""
+        nm, consumed = self.sampling.model_batch(n), self.consumed
+        need = self.model.pairs_bucket(int((nm - consumed).max()))
+        g = (consumed[:, None] + torch.arange(need, device=n.device)).minimum(nm[:, None] - 1)
+        seq = self._generated_inputs(self.sampling.model_batch(tokens), g)
+        out = self._step(seq, self.real.gather(1, g[..., None].expand(-1, -1, self.real.shape[-1])), self.P + g)
+        self.consumed = nm
+        return out.gather(1, (nm - 1 - consumed)[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0], nm
+
     def propose(self, tokens, n, k, generator=None):
         B = tokens.shape[0]
         n = per_row(n, B, tokens.device)
         drafts = tokens.new_empty(B, k)
         if k == 0:
             return drafts, None
-        nm, consumed = self.sampling.model_batch(n), self.consumed
-        # positions consumed..n-1 from real features; the output at n-1 predicts position n
-        need = self.model.pairs_bucket(int((nm - consumed).max()))  # the last pair repeats to fill a bucket
-        g = (consumed[:, None] + torch.arange(need, device=n.device)).minimum(nm[:, None] - 1)
-        seq = self.sampling.model_batch(tokens).gather(1, g)
-        out = self._step(seq, self.real.gather(1, g[..., None].expand(-1, -1, self.real.shape[-1])), self.P + g)
-        last = out.gather(1, (nm - 1 - consumed)[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
-        self.consumed = nm
+        last, nm = self._catch_up(tokens, n)
         probs = []
         for j in range(k):
             drafts[:, j], q = self._draw(last, generator)
@@ -195,3 +219,58 @@ class FeatureDrafter(Drafter):
             raise ValueError("continuous batching with a feature drafter needs the prompt as a function of the "
                              "request indices")
         self._requests = requests  # prefix_features() reads these rows' prompts next
+
+
+class ChimeraDrafter(FeatureDrafter):
+    """Drafts with a Chimera drafter (:class:`visualspec.models.chimera.ChimeraDraftModel`): after
+    the same catch-up on the verified window's real features, one pass gives K predicted features
+    at once, head i's for token n + i, so a step drafts min(k, K) tokens with no drafter pass per
+    draft. Each draft is drawn from q_i, the sampling's law of the target's head on head i's
+    feature, and q_i is returned, so the exact rule keeps decoding lossless (q_i does not depend on
+    the drafts before it, which the rule allows).
+
+    A pair's token part is the trigram (x_{c-2}, x_{c-1}, x_c): the prompt's last two tokens stand
+    before generated position 0 (the first token, without a prompt).
+    """
+
+    def start(self, batch_size, num_tokens, sampling):
+        super().start(batch_size, num_tokens, sampling)
+        self._before = None
+
+    def _prompt_inputs(self, ids, model_rows):
+        from ..models.chimera import trigrams
+
+        before = ids[:, -2:] if ids.shape[1] >= 2 else ids[:, -1:].expand(-1, 2)
+        if self._before is None:
+            self._before = before.new_zeros(self.real.shape[0], 2)
+        self._before[model_rows] = before
+        return trigrams(ids)[:, 1:]
+
+    def _generated_inputs(self, tokens, g):
+        before = self._before if self._before is not None else tokens[:, :1].expand(-1, 2)
+        full = torch.cat([before, tokens], 1)  # generated position g at g + 2
+        return torch.stack([full.gather(1, g), full.gather(1, g + 1), full.gather(1, g + 2)], -1)
+
+    def _embed(self, tokens):
+        return self.target.embed_tokens(tokens).flatten(-2)
+
+    def propose(self, tokens, n, k, generator=None):
+        B = tokens.shape[0]
+        n = per_row(n, B, tokens.device)
+        k = min(k, self.model.config.heads)  # a drafter may draft fewer than asked
+        drafts = tokens.new_empty(B, k)
+        if k == 0:
+            return drafts, None
+        last, nm = self._catch_up(tokens, n)
+        given = self.real.gather(1, (nm - 1)[:, None, None].expand(-1, 1, self.real.shape[-1]))[:, 0]  # f_{n-2}
+        heads = self.model.head_features(given.to(last.dtype), last)
+        probs = []
+        for j in range(k):
+            drafts[:, j], q = self._draw(heads[:, j], generator)
+            probs.append(q)
+        return drafts, torch.stack(probs, 1)
+
+    def select(self, rows):
+        if self._before is not None:
+            self._before = self._before[self.sampling.model_rows(rows, self.batch_size)]
+        super().select(rows)

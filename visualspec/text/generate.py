@@ -16,7 +16,9 @@ nothing here re-implements a rule. Drafters:
   :class:`visualspec.drafters.StandDrafter`);
 - a feature drafter trained for the target (:class:`visualspec.models.feature_drafter.FeatureDraftModel`,
   ``visualspec train-drafter``): EAGLE-style drafts from the target's own features
-  (:class:`visualspec.drafters.FeatureDrafter`);
+  (:class:`visualspec.drafters.FeatureDrafter`), or a Chimera drafter
+  (:class:`visualspec.models.chimera.ChimeraDraftModel`, ``--kind chimera``), whose heads draft
+  several tokens from one pass over them (:class:`visualspec.drafters.ChimeraDrafter`);
 - a Kangaroo adapter folder (``visualspec train-drafter --kind kangaroo``): the target's first
   layers and a trained adapter as a draft model (:mod:`visualspec.models.kangaroo`), which stops
   drafting below the folder's exit threshold unless ``draft_stop_below`` says otherwise.
@@ -24,8 +26,8 @@ nothing here re-implements a rule. Drafters:
 ``acceptance="exact"`` is lossless speculative sampling (greedy matching at ``temperature=0``);
 ``"typical"`` is Medusa's typical acceptance (lossy).
 
-Generation stops at ``max_new_tokens``; the text and ``token_ids`` end at the first end-of-sequence
-token, as transformers' ``generate`` does.
+A row stops at its first end-of-sequence token or after ``max_new_tokens``, as transformers'
+``generate`` does; the text and ``token_ids`` end there.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import (DraftModelDrafter, FeatureDrafter, JacobiDrafter, NGramDrafter, StandDrafter,
+from ..drafters import (ChimeraDrafter, DraftModelDrafter, FeatureDrafter, JacobiDrafter, NGramDrafter, StandDrafter,
                         VocabTrimDrafter, frequent_tokens, kept_token_ids)
 from ..core.checks import check_positive_int
 from ..core.compiled import check_compile, compiled_step
 from ..core.engine import decode
-from ..models.feature_drafter import FeatureDraftModel, check_target
+from ..models.feature_drafter import FeatureDraftModel, check_target, load_draft_model
 from ..models.hf import HFCausalLM
 from ..models.kangaroo import check_hash, is_kangaroo_folder, kangaroo_info, load_kangaroo
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
@@ -115,7 +117,7 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         if not (Path(drafter) / "config.json").is_file():
             raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS}, a feature drafter folder or a "
                              f"Kangaroo folder (visualspec train-drafter) or pass a draft model")
-        drafter = FeatureDraftModel.from_pretrained(drafter, torch_dtype=next(model.parameters()).dtype).eval()
+        drafter = load_draft_model(drafter, torch_dtype=next(model.parameters()).dtype).eval()
     model_free = drafter is None or isinstance(drafter, (str, FeatureDraftModel))
     if draft_vocab is not None and (drafter is None or isinstance(drafter, str)):
         raise ValueError(f"draft_vocab trims the drafts' LM head; it needs a draft model or a feature drafter, "
@@ -135,7 +137,7 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         return JacobiDrafter(_vocab_size(model), "repeat_left")
     if isinstance(drafter, FeatureDraftModel):
         check_target(drafter, model, target.feature_size)
-        return FeatureDrafter(drafter, target, prefix, keep=keep)
+        return FeatureDrafter.for_model(drafter, target, prefix, keep=keep)
     if not hasattr(drafter, "get_output_embeddings"):
         raise TypeError(f"drafter must be a transformers model, a feature drafter or one of {DRAFTERS}, "
                         f"not {type(drafter).__name__}")
@@ -263,13 +265,14 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     if drafts is None:
         mode = "ar"
     elif isinstance(drafts, FeatureDrafter):
-        mode = "feature drafter"
+        mode = "chimera" if isinstance(drafts, ChimeraDrafter) else "feature drafter"
     else:
         mode = drafter if isinstance(drafter, str) else "draft model" if draft_vocab is None else "vocabtrim"
         mode = f"kangaroo{'' if draft_vocab is None else ' vocabtrim'}" if kangaroo_info(drafter) else mode
     if compile:
         mode += "+compiled"
     generator = make_generator(seed, generator, device=device)
+    eos = tokenizer.eos_token_id
     if drafts is None:
         window = 1
     windows = [w for w in WINDOWS if w <= max_new_tokens] if window == "auto" else range(1, window + 1)
@@ -296,15 +299,15 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         window = step_policy(target, decode_at, max_new_tokens, rows, step_tag(drafts, rule, sampling), ar_at=ar_at)
     if tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
-                               generator=generator, mode=mode)
+                               generator=generator, mode=mode, stop_token=eos)
     else:
         depth, multidraft_rule, scheme = tree
         if isinstance(drafts, DraftModelDrafter):
             drafts.tree_scheme = scheme
         tokens, stats = decode_tree(target, prefix, max_new_tokens, sampling, drafts, branches=branches, depth=depth,
                                     rule=greedy_multidraft_verify if sampling.greedy else multidraft_rule,
-                                    generator=generator, mode=f"{mode} tree {branches}x{depth} {multidraft}")
-    eos = tokenizer.eos_token_id
+                                    generator=generator, mode=f"{mode} tree {branches}x{depth} {multidraft}",
+                                    stop_token=eos)
     token_ids = []
     for row in tokens.tolist():
         if eos is not None and eos in row:

@@ -78,6 +78,7 @@ def _causal_lm(path: Path):
 FEATURE_DRAFTER = "feature-drafter"  # the pair's optional EAGLE-style drafter folder (train-drafter's output)
 DISTILLED_DRAFT = "draft-distilled"  # the pair's optional DistillSpec draft (train-drafter --kind distill)
 KANGAROO = "kangaroo"  # the pair's optional Kangaroo adapter (train-drafter --kind kangaroo)
+CHIMERA = "chimera"  # the pair's optional Chimera drafter (train-drafter --kind chimera)
 
 
 def load_distilled_draft(folder=None):
@@ -86,14 +87,15 @@ def load_distilled_draft(folder=None):
     return _causal_lm(path) if (path / "config.json").is_file() else None
 
 
-def load_feature_drafter(folder=None):
-    """The pair's feature drafter (``feature-drafter/``, in float32), or None where it has none."""
-    from ..models.feature_drafter import FeatureDraftModel
+def load_feature_drafter(folder=None, name: str = FEATURE_DRAFTER):
+    """The pair's feature drafter (``feature-drafter/``; ``name=CHIMERA``: its Chimera drafter,
+    ``chimera/``), in float32, or None where it has none."""
+    from ..models.feature_drafter import load_draft_model
 
-    path = pair_folder(folder) / FEATURE_DRAFTER
+    path = pair_folder(folder) / name
     if not (path / "config.json").is_file():
         return None
-    return FeatureDraftModel.from_pretrained(path, torch_dtype=torch.float32).eval()
+    return load_draft_model(path, torch_dtype=torch.float32).eval()
 
 
 def load_kangaroo_drafter(folder, target):
@@ -207,7 +209,7 @@ def is_ar(name: str) -> bool:
 
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
             compile: str = "both", quantized=None, feature=None, feature_window: int = 4, distilled=None,
-            temperature: float = 0.0, kangaroo=None, kangaroo_window: int = 4):
+            temperature: float = 0.0, kangaroo=None, kangaroo_window: int = 4, chimera=None):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -225,7 +227,8 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     rows only, the VocabTrim row's set); ``distilled``: the pair's distilled draft model
     (``draft-distilled/``, DistillSpec), drafting as the draft model rows do. ``kangaroo``: the
     pair's Kangaroo draft model (:func:`load_kangaroo_drafter`), drafting up to ``kangaroo_window - 1``
-    tokens a step and stopping below its folder's threshold. ``temperature`` > 0
+    tokens a step and stopping below its folder's threshold. ``chimera``: the pair's Chimera drafter
+    (``load_feature_drafter(folder, CHIMERA)``), drafting one token per head a step. ``temperature`` > 0
     samples every row at that temperature (transformers' rows too; no top-k or top-p).
     """
     if compile not in COMPILE_CHOICES:
@@ -270,6 +273,11 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         trim = dict(drafter=feature, draft_vocab=kept if kept is not None else len(tokenizer) // 4, compile=True)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled"] = ours(**trim, window=feature_window)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled, auto window"] = ours(**trim)
+    if chimera is not None:
+        chimera_window = chimera.config.heads + 1
+        eager["visualspec Chimera"] = ours(drafter=chimera, window=chimera_window)
+        compiled["visualspec Chimera, compiled"] = ours(drafter=chimera, window=chimera_window, compile=True)
+        compiled["visualspec Chimera, compiled, auto window"] = ours(drafter=chimera, compile=True)
     if kangaroo is not None:
         eager["visualspec Kangaroo"] = ours(drafter=kangaroo, window=kangaroo_window)
         compiled["visualspec Kangaroo, compiled"] = ours(drafter=kangaroo, window=kangaroo_window, compile=True)
@@ -318,7 +326,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         quantize_model(quantized[1], quantize)
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
                     draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window,
-                    load_distilled_draft(folder), temperature, load_kangaroo_drafter(folder, target), kangaroo_window)
+                    load_distilled_draft(folder), temperature, load_kangaroo_drafter(folder, target), kangaroo_window,
+                    load_feature_drafter(folder, CHIMERA))
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     # the base model: every target forward runs it, whether through the LM class or (to return

@@ -29,11 +29,12 @@ def register(sub, common) -> None:
     t = sub.add_parser("train-drafter", parents=[common],
                        help="train an EAGLE-style feature drafter for a text pair's target or a shapes pipeline, "
                             "distil a text pair's draft model toward its target (DistillSpec) (#50), or train a "
-                            "Kangaroo adapter on a text pair's target's first layers")
-    t.add_argument("--kind", choices=("eagle", "distill", "kangaroo"), default="eagle",
+                            "Kangaroo adapter on a text pair's target's first layers or a Chimera drafter for it")
+    t.add_argument("--kind", choices=("eagle", "distill", "kangaroo", "chimera"), default="eagle",
                    help="eagle: a feature drafter (text pair or shapes pipeline); distill: the pair's draft/ "
                         "distilled on its own samples (text pairs); kangaroo: an adapter after the target's first "
-                        "--exit-layer layers (text pairs)")
+                        "--exit-layer layers (text pairs); chimera: a trigram encoder, one layer over the target's "
+                        "features and residual heads that draft several tokens a pass (text pairs)")
     t.add_argument("--exit-layer", type=int, help="--kind kangaroo: the target layers before the adapter "
                                                   "(the shipped recipe: see assets/text-pair/README.md)")
     t.add_argument("--pair", default=None, help="the text pair folder (default: the shipped assets/text-pair)")
@@ -43,7 +44,8 @@ def register(sub, common) -> None:
     t.add_argument("--work-dir", default=None,
                    help="checkpoints; rerun to resume (default: train-drafter, or train-drafter-distill, under "
                         "visualspec's home)")
-    t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipes: 1500 eagle, 800 distill)")
+    t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipes: 1500 eagle, 2000 chimera, "
+                                             "800 distill)")
     t.set_defaults(func=checked(train_drafter))
 
     for name, func, what, out, seeded in (
@@ -151,6 +153,12 @@ def train_drafter(args) -> int:
             raise ValueError("--kind distill distils a text pair's draft model (--pair); the shapes pipelines ship "
                              "no draft model to distil")
         train_distilled_draft(args.pair, args.out, args.work_dir, DistillConfig(**overrides))
+    elif args.kind == "chimera":
+        from ...training.feature_drafter import ChimeraConfig, train_text_chimera
+
+        if args.model is not None:
+            raise ValueError("--kind chimera trains for a text pair's target (--pair), not an image pipeline")
+        train_text_chimera(args.pair, args.out, args.work_dir, ChimeraConfig(**overrides))
     elif args.model is not None:
         train_image_feature_drafter(args.model, args.out, args.work_dir, ImageFeatureDrafterConfig(**overrides))
     else:
