@@ -226,7 +226,8 @@ def decode(
     with their token and a point mass, so they are accepted with probability 1.
 
     ``stop_token`` (e.g. a tokenizer's end-of-sequence id) ends a row once it commits that token;
-    the rest of its row is that token, as transformers' ``generate`` pads a finished row.
+    the rest of its row is that token, as transformers' ``generate`` pads a finished row. Checking
+    for it reads the device once a step, as ``generate``'s own stopping check does.
 
     The rows in flight, their commits and the statistics are the run's
     (:class:`visualspec.core.rows._Run`); a step here drafts, verifies, commits and keeps the
