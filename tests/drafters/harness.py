@@ -1,6 +1,6 @@
 """The losslessness harness's shared pieces: sizes, sampling settings, prompts and prefixes, a
-wrong acceptance rule used as a control, and the ragged-batch helpers (labels, generators, a
-Jacobi drafter)."""
+wrong acceptance rule used as a control, the ragged-batch helpers (labels, generators, a
+Jacobi drafter) and the feature drafters' (left-padded prompts, a small network)."""
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ from conftest import tiny_hf
 from visualspec.core.sampling import SamplingConfig
 from visualspec.core.verify import Verdict
 from visualspec.drafters import JacobiDrafter
+from visualspec.models.feature_drafter import FeatureDraftModel
 from visualspec.models.hf import HFCausalLM
 
 # ------------------------------------------------------------------ exact-enumeration harness
@@ -81,3 +82,19 @@ def generators(seeds=(0, 1, 2)):
 def jacobi(coupling=False):
     """The ragged tests' Jacobi drafter over 16 tokens."""
     return JacobiDrafter(16, "repeat_above", grid_width=4, coupling=coupling)
+
+
+def ragged_prompts():
+    """Three left-padded prompts of 3, 5 and 2 tokens and their attention mask."""
+    ids = torch.tensor([[0, 0, 4, 5, 6], [7, 8, 9, 10, 11], [0, 0, 0, 12, 13]])
+    return ids, (ids != 0).long()
+
+
+def drafter_net(target: HFCausalLM, seed=0, dtype=torch.float64, cls=FeatureDraftModel, **kwargs):
+    """A small ``cls`` network for ``target`` (the EAGLE drafter's, or a subclass with ``kwargs``)
+    with large random weights, so its drafts vary."""
+    torch.manual_seed(seed)
+    net = cls(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128, **kwargs)
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return net.to(dtype).eval()

@@ -1,15 +1,15 @@
 """The Chimera drafter (#50): a trigram encoder, the EAGLE layer over the target's features and
 residual heads that draft several tokens from one pass. Its pairs read the right tokens and
 features (an alignment test with a control one token off), greedy decoding equals AR on ragged
-rows and through a queue, one drafter pass drafts a whole step, and its sampled drafts keep
-decoding lossless (chi-square, with a control that must fail)."""
+rows (through a queue in the feature drafter's tests), one drafter pass drafts a whole step, and
+its sampled drafts keep decoding lossless (chi-square, with a control that must fail)."""
 
 import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import N, V, prompt_prefix, reporting_uniform_law
-from visualspec.core.engine import Requests, decode
+from drafters.harness import N, V, drafter_net, prompt_prefix, ragged_prompts, reporting_uniform_law
+from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import ChimeraDrafter, FeatureDrafter
@@ -21,16 +21,7 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 def chimera_net(target: HFCausalLM, seed=0, heads=3, dtype=torch.float64):
-    torch.manual_seed(seed)
-    net = ChimeraDraftModel(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128, heads=heads)
-    for p in net.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    return net.to(dtype).eval()
-
-
-def ragged_prompts():
-    ids = torch.tensor([[0, 0, 4, 5, 6], [7, 8, 9, 10, 11], [0, 0, 0, 12, 13]])
-    return ids, (ids != 0).long()
+    return drafter_net(target, seed, dtype, cls=ChimeraDraftModel, heads=heads)
 
 
 def test_trigrams_are_each_columns_last_three_tokens():
@@ -57,17 +48,6 @@ def test_greedy_output_equals_ar_on_ragged_rows_with_one_pass_a_step(static):
                                              max_len=128).double().eval(), target, prefix)
     _, eagle_stats = decode(target, prefix, 12, GREEDY, drafter=eagle, window=4)
     assert eagle.forwards - 1 >= 2 * (eagle_stats.target_forwards - 1)
-
-
-def test_greedy_output_equals_ar_with_continuous_batching():
-    target = HFCausalLM(tiny_hf("llama"))
-    ids, mask = ragged_prompts()
-    ids, mask = torch.cat([ids, ids.flip(0)]), torch.cat([mask, mask.flip(0)])
-    ar, _ = decode(target, (ids, mask), 10, GREEDY)
-    requests = Requests(count=6, prefix=lambda r: (ids[r], mask[r]), slots=2)
-    drafter = ChimeraDrafter(chimera_net(target), target, lambda r: (ids[r], mask[r]))
-    out, _ = decode(target, requests, 10, GREEDY, drafter=drafter, window=4)
-    assert torch.equal(out, ar)
 
 
 def test_each_pair_reads_its_own_trigram_and_feature_and_a_shifted_control_fails():

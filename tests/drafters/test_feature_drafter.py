@@ -7,21 +7,14 @@ import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import N, V, prompt_prefix, reporting_uniform_law
+from drafters.harness import N, V, drafter_net, prompt_prefix, ragged_prompts, reporting_uniform_law
 from visualspec.core.engine import Requests, decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
-from visualspec.drafters import FeatureDrafter
+from visualspec.drafters import ChimeraDrafter, FeatureDrafter
+from visualspec.models.chimera import ChimeraDraftModel
 from visualspec.models.feature_drafter import FeatureDraftModel
 from visualspec.models.hf import HFCausalLM
-
-
-def drafter_net(target: HFCausalLM, seed=0, dtype=torch.float64):
-    torch.manual_seed(seed)
-    net = FeatureDraftModel(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128)
-    for p in net.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    return net.to(dtype).eval()
 
 
 @pytest.mark.parametrize("static", [False, True])
@@ -40,11 +33,6 @@ def test_features_are_what_the_head_reads_and_change_no_logit(static):
     torch.testing.assert_close(target.head(features), expected)
 
 
-def ragged_prompts():
-    ids = torch.tensor([[0, 0, 4, 5, 6], [7, 8, 9, 10, 11], [0, 0, 0, 12, 13]])
-    return ids, (ids != 0).long()
-
-
 @pytest.mark.parametrize("static", [False, True])
 def test_greedy_output_equals_ar_on_ragged_rows(static):
     target = HFCausalLM(tiny_hf("llama"), static=static)
@@ -57,15 +45,18 @@ def test_greedy_output_equals_ar_on_ragged_rows(static):
     assert stats.target_forwards < 12 * 3 and drafter.forwards > 0
 
 
-def test_greedy_output_equals_ar_with_continuous_batching():
+@pytest.mark.parametrize("kind", ["eagle", "chimera"])
+def test_greedy_output_equals_ar_with_continuous_batching(kind):
     target = HFCausalLM(tiny_hf("llama"))
     ids, mask = ragged_prompts()
     ids, mask = torch.cat([ids, ids.flip(0)]), torch.cat([mask, mask.flip(0)])
     greedy = SamplingConfig(temperature=0.0)
     ar, _ = decode(target, (ids, mask), 10, greedy)
     requests = Requests(count=6, prefix=lambda r: (ids[r], mask[r]), slots=2)
-    drafter = FeatureDrafter(drafter_net(target), target, lambda r: (ids[r], mask[r]))
-    out, _ = decode(target, requests, 10, greedy, drafter=drafter, window=3)
+    net = drafter_net(target) if kind == "eagle" else drafter_net(target, cls=ChimeraDraftModel, heads=3)
+    drafter = FeatureDrafter.for_model(net, target, lambda r: (ids[r], mask[r]))
+    assert isinstance(drafter, ChimeraDrafter) == (kind == "chimera")
+    out, _ = decode(target, requests, 10, greedy, drafter=drafter, window=3 if kind == "eagle" else 4)
     assert torch.equal(out, ar)
 
 

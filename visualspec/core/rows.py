@@ -95,7 +95,7 @@ class _Rows:
         """Rows that just wrote ``token`` at positions ``start`` .. ``start + counts - 1`` end there:
         the rest of their buffer is ``token`` (as transformers pads a finished row with its end
         token) and they count as done. Returns the positions after their stop tokens. One read
-        from the device, whether any row stopped (and a second where one did)."""
+        from the device, whether any row stopped (and a second, the count, where one did)."""
         offset = torch.arange(self.N, device=self.n.device)[None] - start[:, None]
         hit = (self.seq == token) & (offset >= 0) & (offset < counts[:, None])
         stopped = hit.any(1)
@@ -103,7 +103,7 @@ class _Rows:
             return 0
         after = hit.long().cumsum(1) > 0  # from each stopping row's first new end token on
         after &= stopped[:, None]
-        filled = int(after.sum()) - int(stopped.sum())
+        filled = int(after.sum() - stopped.sum())
         self.seq = torch.where(after, torch.full_like(self.seq, token), self.seq)
         self.fixed = torch.where(after & (self.fixed == 0), self.forwards[:, None], self.fixed)
         self.n = torch.where(stopped, torch.full_like(self.n, self.N), self.n)

@@ -26,7 +26,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -133,23 +132,12 @@ def text_target_run(pair: str | None, work_dir: str, cfg) -> tuple:
 def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: FeatureDrafterConfig | None = None,
                                progress: bool = True) -> Path:
     """Run (or resume) the drafter's training against the target of text pair ``pair``; write it to ``out``."""
-    from ..models.feature_drafter import FeatureDraftModel, weights_hash
+    from ..models.feature_drafter import FeatureDraftModel
 
     cfg = cfg or FeatureDrafterConfig()
-    folder, work, device, t0, target, stream = text_target_run(pair, work_dir, cfg)
-    dim = target.get_output_embeddings().weight.shape[1]
-    torch.manual_seed(cfg.seed)
-    net = FeatureDraftModel(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,
-                            max_len=max(4 * cfg.context, target.config.max_position_embeddings),
-                            target_hash=weights_hash(target)).to(device).train()
-    def batch_losses(step):
-        rng = np.random.default_rng([cfg.seed, 7, step])
-        starts = rng.integers(0, len(stream) - cfg.context - 1, size=cfg.batch)
-        x = torch.stack([stream[s:s + cfg.context + 1] for s in starts]).long().to(device)
-        return text_losses(net, target, x, cfg.unroll, cfg.kl_weight)
-
-    return _train(net, cfg, batch_losses, "feature drafter", work, out, device, t0, "visualspec train-drafter",
-                  progress, pair=str(folder), training_tokens=len(stream))
+    return _train_text_drafter(pair, out, work_dir, cfg, FeatureDraftModel,
+                               lambda net, target, x: text_losses(net, target, x, cfg.unroll, cfg.kl_weight),
+                               "feature drafter", "visualspec train-drafter", progress)
 
 
 @dataclass
@@ -170,24 +158,33 @@ def train_text_chimera(pair: str | None, out: str, work_dir: str, cfg: ChimeraCo
     """Run (or resume) a Chimera drafter's training against the target of text pair ``pair``;
     write it to ``out``."""
     from ..models.chimera import ChimeraDraftModel
-    from ..models.feature_drafter import weights_hash
 
     cfg = cfg or ChimeraConfig()
+    return _train_text_drafter(pair, out, work_dir, cfg, ChimeraDraftModel,
+                               lambda net, target, x: chimera_losses(net, target, x, cfg.kl_weight),
+                               "Chimera drafter", "visualspec train-drafter --kind chimera", progress, heads=cfg.heads)
+
+
+def _train_text_drafter(pair, out, work_dir: str, cfg, model_class, losses, desc: str, command: str, progress: bool,
+                        **net_kwargs) -> Path:
+    """A ``model_class`` drafter (the feature drafter's network or a subclass, with ``net_kwargs``)
+    trained against text pair ``pair``'s target on random ``cfg.context + 1``-token windows of its
+    stream, ``losses(net, target, windows)`` each step (:func:`_train`)."""
+    from ..models.feature_drafter import weights_hash
+    from .text import _batch
+
     folder, work, device, t0, target, stream = text_target_run(pair, work_dir, cfg)
     dim = target.get_output_embeddings().weight.shape[1]
     torch.manual_seed(cfg.seed)
-    net = ChimeraDraftModel(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,
-                            max_len=max(4 * cfg.context, target.config.max_position_embeddings),
-                            target_hash=weights_hash(target), heads=cfg.heads).to(device).train()
+    net = model_class(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,
+                      max_len=max(4 * cfg.context, target.config.max_position_embeddings),
+                      target_hash=weights_hash(target), **net_kwargs).to(device).train()
 
-    def batch_losses(step):
-        rng = np.random.default_rng([cfg.seed, 7, step])
-        starts = rng.integers(0, len(stream) - cfg.context - 1, size=cfg.batch)
-        x = torch.stack([stream[s:s + cfg.context + 1] for s in starts]).long().to(device)
-        return chimera_losses(net, target, x, cfg.kl_weight)
+    def batch_losses(step):  # the text pair's own window sampling (salt 7)
+        return losses(net, target, _batch(stream, cfg, step, 7).to(device))
 
-    return _train(net, cfg, batch_losses, "Chimera drafter", work, out, device, t0,
-                  "visualspec train-drafter --kind chimera", progress, pair=str(folder), training_tokens=len(stream))
+    return _train(net, cfg, batch_losses, desc, work, out, device, t0, command, progress, pair=str(folder),
+                  training_tokens=len(stream))
 
 
 def _train(net, cfg, batch_losses, desc: str, work: Path, out, device, t0: float, command: str, progress: bool,
