@@ -51,7 +51,7 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         self.layer = TransformerBlock(feature_size, n_head, n_head, ffn_hidden, norm_eps)
         self.register_buffer("rope", rope_1d(max_len, feature_size // n_head, rope_base), persistent=False)
         self._cache = None
-        self._compiler, self._compiled = None, False
+        self._compiler, self._tree_compiler, self._compiled = None, None, False
 
     def forward(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Training: the pairs (B, L, D) each of columns 0..L-1 (``features`` already shifted: the
@@ -107,6 +107,24 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         x = self.fuse(embeddings, features)
         return self.layer(x, rotary(self.rope[columns], x.dtype), allowed[:, None], (*self._cache, rows), columns)
 
+    def tree_step(self, embeddings: torch.Tensor, features: torch.Tensor, columns: torch.Tensor,
+                  slots: torch.Tensor, attend: torch.Tensor, compile_new: bool = False) -> torch.Tensor:
+        """Draft-tree nodes: pairs (B, L, D) turned by the rotary angles of ``columns`` (B, L), the
+        columns a chain would hold them in, but written at cache columns ``slots`` (B, L), each
+        attending the columns ``attend`` (B, L, S) marks -> predicted features. Compiled where
+        :meth:`compile_step` was called and the shape was compiled before (:meth:`precompile_tree`;
+        ``compile_new``: compile it now), else eager."""
+        cache = self._cache[0]
+        key = ("tree", *attend.shape, cache.shape[2], cache.dtype, cache.device, torch.is_grad_enabled())
+        if self._compiled and attend.shape[0] == cache.shape[0]:
+            return self._tree_compiler(key, dense(embeddings), dense(features), dense(columns), dense(slots),
+                                       dense(attend), compile_new=compile_new)
+        return self._tree_step(embeddings, features, columns, slots, attend)
+
+    def _tree_step(self, embeddings, features, columns, slots, attend):
+        x = self.fuse(embeddings, features)
+        return self.layer(x, rotary(self.rope[columns], x.dtype), attend[:, None], (*self._cache, None), slots)
+
     @property
     def embedding_width(self) -> int:
         """The width of a pair's token part: the target's embedding width D."""
@@ -123,6 +141,8 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         if enabled:
             self._compiler = step_compiler(self._compiler, self._step, "the feature drafter's step",
                                            _describe_bucket, mode, self.fc.weight.device)
+            self._tree_compiler = step_compiler(self._tree_compiler, self._tree_step, "the feature drafter's tree step",
+                                                _describe_tree_bucket, mode, self.fc.weight.device)
         self._compiled = bool(enabled)
 
     @torch.no_grad()
@@ -136,6 +156,18 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
             x = self.fc.weight.new_zeros(rows, L, D)
             self.step(x.new_zeros(rows, L, self.embedding_width), x, torch.arange(L, device=x.device).expand(rows, L),
                       compile_new=True)
+        self.reset(rows, columns)
+
+    @torch.no_grad()
+    def precompile_tree(self, rows: int, columns: int, width: int) -> None:
+        """Compile the tree passes of ``width`` nodes of ``rows`` rows over a cache of ``columns``
+        columns (a dynamic tree's: its scratch columns included); leaves an empty cache."""
+        D = self.config.feature_size
+        self.reset(rows, columns)
+        x = self.fc.weight.new_zeros(rows, width, D)
+        at = torch.arange(width, device=x.device).expand(rows, width)
+        self.tree_step(x.new_zeros(rows, width, self.embedding_width), x, at, at,
+                       torch.ones(rows, width, columns, dtype=torch.bool, device=x.device), compile_new=True)
         self.reset(rows, columns)
 
     def select(self, rows: torch.Tensor) -> None:
@@ -168,6 +200,11 @@ def load_draft_model(folder, **kwargs) -> FeatureDraftModel:
 def _describe_bucket(key) -> str:
     rows, pairs, columns, *_ = key
     return f"{rows} rows, {pairs} pairs, a {columns}-column cache"
+
+
+def _describe_tree_bucket(key) -> str:
+    _, rows, nodes, _, columns, *_ = key
+    return f"{rows} rows, {nodes} nodes, a {columns}-column cache"
 
 
 _hashes: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()

@@ -20,6 +20,7 @@ STATIC_SLACK = 64   # columns past prefix + new tokens for the windows and trees
 # one step compiler per transformers model, whichever adapter runs it: a later call with the same
 # model (a new HFCausalLM each generate_text call) finds its buckets compiled
 _COMPILERS: "weakref.WeakKeyDictionary[torch.nn.Module, StepCompiler]" = weakref.WeakKeyDictionary()
+_TREE_COMPILERS: "weakref.WeakKeyDictionary[torch.nn.Module, StepCompiler]" = weakref.WeakKeyDictionary()
 
 
 def static_length(needed: int, round_to: int = STATIC_ROUND) -> int:
@@ -97,7 +98,7 @@ class HFCausalLM:
         self.head_rows = None
         self.raw_head = raw_head
         self.static = self._static_choice = bool(static)
-        self._compiler = None
+        self._compiler = self._tree_compiler = None
         self._compiled = False
         self._prefill_rows = 0
         self._last_window = 0  # tokens in the last forward_window (a one-token step has nothing to crop)
@@ -338,24 +339,31 @@ class HFCausalLM:
     # ------------------------------------------------------------------ trees and branches
 
     def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
-                     start) -> torch.Tensor:
+                     start, features: bool = False):
         """Tree attention (see :class:`visualspec.core.engine.TreeTokenModel`): one forward over the
-        flattened tree with a 4-D mask, node i of row b at position ``start[b] + depths[i]``."""
+        flattened tree with a 4-D mask, node i of row b at position ``start[b] + depths[i]``;
+        ``ancestors`` (N, N), or (B, N, N) for trees shaped per row. ``features``: also the last
+        hidden states (B, N, D), as :meth:`forward_window` gives them."""
         B, N = tokens.shape
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         if self.static:
             self._make_room(N)
         past = self.column_valid.shape[1]
-        allowed = torch.cat([self.column_valid[:, None, :].expand(B, N, past), ancestors[None].expand(B, N, N)], dim=2)
+        ancestors = ancestors.expand(B, N, N)
+        allowed = torch.cat([self.column_valid[:, None, :].expand(B, N, past), ancestors], dim=2)
         if self.static:  # the columns past the tree are invisible
             allowed = torch.nn.functional.pad(allowed, (0, self._static_columns() - past - N))
         mask = additive_mask(allowed[:, None], self._dtype)
         positions = start[:, None] + depths[None].to(tokens.device)
-        logits = self._logits(input_ids=tokens, attention_mask=mask, position_ids=self.first_position + positions,
-                              past_key_values=self.cache, use_cache=True).float()
+        key = _bucket(B, -N, mask.shape[-1], self._dtype, tokens.device, self.head_rows is not None, features)
+        if self._compiled and self.static and (B == self._prefill_rows or key in self._tree_compiler.compile_s):
+            out = self._tree_compiler(key, self, dense(tokens), dense(self.first_position + positions), dense(mask),
+                                      features, compile_new=False)
+        else:
+            out = _masked_forward(self, tokens, self.first_position + positions, mask, features)
         self._append(positions)
         self.tree_nodes = N
-        return logits
+        return (out[0].float(), out[1]) if features else out.float()
 
     def keep(self, nodes: torch.Tensor, counts: torch.Tensor) -> None:
         """Of the last tree's nodes, keep ``nodes[b, :counts[b]]`` of each row b; drop the others."""
@@ -406,6 +414,9 @@ class HFCausalLM:
             self._compiler = _COMPILERS[self.model] = step_compiler(
                 _COMPILERS.get(self.model), _window_forward, f"the {type(self.model).__name__} decode step",
                 _describe_bucket, mode, self.model.device)
+            self._tree_compiler = _TREE_COMPILERS[self.model] = step_compiler(
+                _TREE_COMPILERS.get(self.model), _masked_forward, f"the {type(self.model).__name__} tree step",
+                _describe_bucket, mode, self.model.device)
         else:
             self.static = self._static_choice
         self._compiled = bool(enabled)
@@ -434,6 +445,28 @@ class HFCausalLM:
         for run in todo:
             self.forward_window(torch.zeros(rows, run, dtype=torch.long, device=input_ids.device), 0, features=features)
             self.crop(0)
+
+    @torch.no_grad()
+    def precompile_tree(self, prefix, max_new_tokens: int, nodes: int, features: bool = False) -> None:
+        """Compile the tree forward of ``nodes`` nodes (:meth:`forward_tree`: a dynamic tree's fixed
+        size) that a decode of ``prefix`` runs, as :meth:`precompile` does the windows; leaves junk
+        in the cache when it compiles."""
+        if not self._compiled:
+            raise RuntimeError("precompile_tree() compiles the compiled step: call compile_step() first")
+        input_ids = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
+        rows, device = input_ids.shape[0], input_ids.device
+        self.prefill(prefix, max_new_tokens)
+        self._make_room(nodes)
+        key = _bucket(rows, -nodes, self._static_columns(), self._dtype, device, self.head_rows is not None, features)
+        if key in self._tree_compiler.compile_s:
+            return
+        chain = torch.ones(nodes, nodes, dtype=torch.bool, device=device).tril()
+        mask = additive_mask(torch.nn.functional.pad(
+            torch.cat([self.column_valid[:, None, :].expand(rows, nodes, -1), chain.expand(rows, nodes, nodes)], 2),
+            (0, self._static_columns() - self.column_valid.shape[1] - nodes))[:, None], self._dtype)
+        positions = torch.arange(nodes, device=device).expand(rows, nodes) + self.first_position
+        self._tree_compiler(key, self, torch.zeros(rows, nodes, dtype=torch.long, device=device), dense(positions),
+                            dense(mask), features)
 
     def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor, features: bool = False):
         """A window forward on the static cache: (B, L) tokens at position ids ``positions``,
@@ -519,6 +552,13 @@ def _window_forward(lm: HFCausalLM, tokens, positions, valid, start, features: b
                       past_key_values=lm.cache, use_cache=True)
 
 
+def _masked_forward(lm: HFCausalLM, tokens, positions, mask, features: bool = False):
+    """``lm``'s forward of ``tokens`` at position ids ``positions`` under the additive attention
+    ``mask`` (B, 1, L, M) (a tree's); with ``features``, the logits and the last hidden states."""
+    return lm._logits(features=features, input_ids=tokens, attention_mask=mask, position_ids=positions,
+                      past_key_values=lm.cache, use_cache=True)
+
+
 def _bucket(rows, window, columns, dtype, device, trimmed, features=False) -> tuple:
     """The key of a compiled graph: its shapes, dtype, device, whether the head is trimmed, whether
     it returns features, and the grad mode."""
@@ -526,5 +566,6 @@ def _bucket(rows, window, columns, dtype, device, trimmed, features=False) -> tu
 
 
 def _describe_bucket(key) -> str:
-    rows, window, columns, *_ = key
-    return f"{rows} rows, window {window}, a {columns}-column cache"
+    rows, window, columns, *_ = key  # a tree's bucket holds minus its node count
+    shape = f"window {window}" if window > 0 else f"a tree of {-window} nodes"
+    return f"{rows} rows, {shape}, a {columns}-column cache"

@@ -103,6 +103,25 @@ def test_each_pair_reads_its_own_trigram_and_feature_and_a_shifted_control_fails
     assert check(OlderFeature)[1] is False
 
 
+def test_rows_that_stop_early_leave_each_survivor_its_own_trigram_start():
+    """Row 1 stops at its third token (EOS is the token AR gives it there) and the engine drops it:
+    the drafter keeps, for the rows left, their own prompts' last two tokens (the trigram before
+    generated position 0), and greedy output still equals AR's, stop included."""
+    target = HFCausalLM(tiny_hf("llama"))
+    ids, mask = ragged_prompts()
+    ar, _ = decode(target, (ids, mask), 12, GREEDY)
+    eos = int(ar[1, 2])
+    assert all(eos not in ar[r, :3].tolist() for r in (0, 2))  # the others run on past it
+    ar_stopped, _ = decode(target, (ids, mask), 12, GREEDY, stop_token=eos)
+    drafter = ChimeraDrafter(chimera_net(target), target, (ids, mask))
+    kept = []
+    real = drafter.select
+    drafter.select = lambda rows: (real(rows), kept.append((rows.tolist(), drafter._before.tolist())))
+    out, _ = decode(target, (ids, mask), 12, GREEDY, drafter=drafter, window=4, stop_token=eos)
+    assert torch.equal(out, ar_stopped)
+    assert kept and kept[0][0] == [0, 2] and kept[0][1] == [ids[0, -2:].tolist(), ids[2, -2:].tolist()]
+
+
 def test_chimera_drafts_are_lossless():
     """8,000 sequences of 4 tokens in batches of 1,000 rows, window 4 (three heads); chi-square
     against the exact law, bound from the sample size. The control reports a uniform law for

@@ -28,12 +28,13 @@ def priced(monkeypatch):
     the (model rows, tag) asked for and the slope, to set."""
     asked, slope = [], [0.0]
 
-    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
-        if tag.startswith("AR|"):
-            return {1: 1.0}, {1: 1.0}
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, ar_at=None, **kw):
         asked.append((rows, tag))
         kept = [w for w in windows if w <= max_new_tokens]
-        return {w: 1.0 + slope[0] * (w - 1) for w in kept}, {w: (w + 1) / 2 for w in kept}
+        costs, tokens = {w: 1.0 + slope[0] * (w - 1) for w in kept}, {w: (w + 1) / 2 for w in kept}
+        if ar_at is not None:  # plain AR's step, kept as W = 0
+            costs[0], tokens[0] = 1.0, 1.0
+        return costs, tokens
 
     monkeypatch.setattr(wc, "decode_step_costs", tables)
     return asked, slope
@@ -44,10 +45,8 @@ def test_where_no_window_beats_plain_ar_the_call_decodes_without_drafts(pipe, mo
     the call decodes as AR, no probes, and says so; at 2.5 tokens a step (the control) it speculates."""
     seen = [1.5]
 
-    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
-        if tag.startswith("AR|"):
-            return {1: 1.0}, {1: 1.0}
-        return {w: 2.0 for w in windows}, {w: 1.0 if w == 1 else seen[0] for w in windows}
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, ar_at=None, **kw):
+        return {0: 1.0, **{w: 2.0 for w in windows}}, {0: 1.0, **{w: 1.0 if w == 1 else seen[0] for w in windows}}
 
     monkeypatch.setattr(wc, "decode_step_costs", tables)
     out = pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
@@ -65,6 +64,9 @@ def test_speculation_pays_by_its_best_window():
     assert not speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 1.9}, ar_cost=1.0)  # 0.93, 0.95 tokens per AR step
     assert speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 2.2}, ar_cost=1.0)  # W = 4: 1.1
     assert speculation_pays(costs, {1: 1.0}, ar_cost=1.0)  # nothing seen beyond W = 1: the search finds out
+    # a gain inside the timings' noise does not count: 1.1 tokens per AR step against a 15 % margin
+    assert not speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 2.2}, ar_cost=1.0, margin=0.15)
+    assert speculation_pays(costs, {1: 1.0, 2: 1.4, 4: 2.2}, ar_cost=1.0, margin=0.05)
     # a W = 1 step timed cheaper than AR's (0.9 against 1.0) is noise, not a reason to speculate
     assert not speculation_pays({1: 0.9, 2: 1.5, 4: 2.0}, {1: 1.0, 2: 1.4, 4: 1.9}, ar_cost=1.0)
 

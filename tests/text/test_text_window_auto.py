@@ -14,18 +14,19 @@ from visualspec.text import generate_text
 def priced(monkeypatch):
     """Whole-step cost tables without a clock: a step of W tokens costs 1 + 0.01 W seconds, plus
     ``per_draft[0]`` for each of its W - 1 drafts where the drafter's tag names a draft model; the
-    timed decodes committed ``seen[0]`` tokens a step at every W (none when None); plain AR's step
-    costs 1.05 seconds (its tag is not recorded). Returns the tags
-    asked for, the per-draft price and the tokens seen, to set."""
+    timed decodes committed ``seen[0]`` tokens a step at every W (W, every draft accepted, when
+    None); plain AR's step costs 1.05 seconds. Returns the tags asked for, the per-draft price and
+    the tokens seen, to set."""
     asked, per_draft, seen = [], [0.0], [None]
 
-    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, **kw):
-        if tag.startswith("AR|"):  # plain AR's step, a little dearer than W = 1's: speculation may pay
-            return {1: 1.05}, {1: 1.0}
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, ar_at=None, **kw):
         asked.append(tag)
         draft = per_draft[0] if tag.startswith("DraftModelDrafter=") else 0.0
         costs = {w: 1.0 + 0.01 * w + draft * (w - 1) for w in windows if w <= max_new_tokens}
-        return costs, {} if seen[0] is None else {w: seen[0] for w in costs}
+        tokens = {w: float(w) if seen[0] is None else seen[0] for w in costs}
+        if ar_at is not None:  # plain AR's step (W = 0), a little dearer than W = 1's: speculation may pay
+            costs[0], tokens[0] = 1.05, 1.0
+        return costs, tokens
 
     monkeypatch.setattr(wc, "decode_step_costs", tables)
     return asked, per_draft, seen
@@ -33,36 +34,35 @@ def priced(monkeypatch):
 
 def test_costly_drafts_decode_as_ar_and_free_ones_speculate(priced, tokenizer):
     """The draft model is the target itself, so every draft is accepted: with drafts that cost
-    nothing the policy speculates (a control for the path), with drafts that cost two steps each
-    it keeps W = 1 except for its probes, and both give generate's greedy tokens."""
+    nothing the call takes the longest window that fits (a control for the path), with drafts
+    that cost two steps each it decodes as AR, and both give generate's greedy tokens."""
     asked, per_draft, _ = priced
     model = tiny_hf("llama", vocab_size=64)
     ref = generate_reference(model, tokenizer, TEXT_PROMPTS[0], 24)
-    forwards = {}
+    forwards, modes = {}, {}
     for price in (0.0, 2.0):
         per_draft[0] = price
         out = generate_text(model, tokenizer, TEXT_PROMPTS[0], drafter=tiny_hf("llama", vocab_size=64),
                             max_new_tokens=24, temperature=0)
         assert out.token_ids[0] == ref[:len(out.token_ids[0])]
-        forwards[price] = out.stats.target_forwards
+        forwards[price], modes[price] = out.stats.target_forwards, out.stats.mode
     tag = "DraftModelDrafter=" + wc.config_hash(model) + "|rule=greedy_verify|greedy"
     assert asked == [tag] * 2
-    assert forwards[0.0] <= 8  # long windows, all accepted
-    assert forwards[2.0] >= 24 - 3  # AR but for one probe of three W = 2 steps
+    assert forwards[0.0] <= 3  # W = 16 at every step, all accepted
+    assert forwards[2.0] == 24 and modes[2.0].endswith("as AR")
 
 
-def test_the_timed_decodes_tokens_seed_the_search(priced, tokenizer):
-    """Free drafts that are all accepted (the draft model is the target): the search speculates
-    from the prior (the control, in the test above), but seeded with the one token a step its timed
-    decodes committed it starts at W = 1 and stays there until its first probe (step 8) finds
-    more."""
+def test_the_timed_decodes_tokens_pick_the_window(priced, tokenizer):
+    """Free drafts that are all accepted (the draft model is the target), but the timed decodes
+    committed one token a step at every window (as a drafter that is never right would): the
+    table's best fixed window is W = 1, so the call decodes as AR, though its drafts would have
+    been accepted (the control, in the test above, speculates)."""
     _, _, seen = priced
     seen[0] = 1.0
     model = tiny_hf("llama", vocab_size=64)
     out = generate_text(model, tokenizer, TEXT_PROMPTS[0], drafter=tiny_hf("llama", vocab_size=64),
                         max_new_tokens=24, temperature=0)
-    assert out.stats.accepted_lengths[:7] == [1] * 7
-    assert out.stats.target_forwards < 24  # the probes find the accepted drafts: the seed gives way
+    assert out.stats.target_forwards == 24 and out.stats.mode.endswith("as AR")
 
 
 def test_free_drafts_are_tagged_by_class_and_ar_asks_nothing(priced, tokenizer):
@@ -79,7 +79,8 @@ def test_free_drafts_are_tagged_by_class_and_ar_asks_nothing(priced, tokenizer):
 def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(tmp_path, monkeypatch):
     """A fake decode that takes 1 + W seconds of a fake clock for 10 / W forwards: the cost is
     seconds over forwards, each window's first call (10x slower, as a new shape's first run can be)
-    left out by the minimum of two; a second call reads the cache."""
+    left out by the minimum of the rounds, which interleave the windows; a second call reads the
+    cache."""
     clock, calls = [0.0], []
     monkeypatch.setattr(wc, "_clock", lambda: clock[0])
 
@@ -92,11 +93,33 @@ def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(
     model = tiny_hf("llama", vocab_size=64)
     costs, tokens = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path)
     assert costs == {1: 2 / 10, 2: 3 / 5, 4: 5 / 2}  # 16 > 10 new tokens
-    assert calls == [1, 1, 2, 2, 4, 4]  # two timed decodes each, no separate warm-up
+    assert calls == [1, 2, 4] * wc.STEP_ROUNDS  # in rounds over the windows, no separate warm-up
     assert tokens == {1: 1.0, 2: 2.0, 4: 3.0}
     again = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
-    assert again == (costs, tokens) and len(calls) == 6
+    assert again == (costs, tokens) and len(calls) == 3 * wc.STEP_ROUNDS
     assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path)[0] == {1: 2 / 10}
+
+
+def test_plain_ar_is_timed_in_the_windows_rounds(tmp_path, monkeypatch):
+    """With ``ar_at`` plain AR's decode is one more window of every round (kept as W = 0): a
+    machine that runs at half speed during the second round slows both sides of the ratio alike,
+    and the minimum keeps each side's fast round."""
+    clock, calls = [0.0], []
+    monkeypatch.setattr(wc, "_clock", lambda: clock[0])
+
+    def timed(name, seconds, forwards, tokens):
+        calls.append(name)
+        clock[0] += seconds * (2 if len(calls) in range(4, 7) else 1)  # round 2 of 3 calls a round
+        return DecodeStats(mode="fake", batch_size=1, num_tokens=10, target_forwards=forwards,
+                           accepted_lengths=[tokens] * forwards)
+
+    model = tiny_hf("llama", vocab_size=64)
+    costs, tokens = wc.decode_step_costs(model, lambda w: timed(w, 2.0 * w, 10 // w, min(w, 3)), 10, 1, "fake",
+                                         windows=(1, 2), cache_dir=tmp_path, ar_at=lambda: timed("AR", 1.0, 10, 1))
+    assert calls == ["AR", 1, 2] * wc.STEP_ROUNDS
+    assert costs == {0: 0.1, 1: 0.2, 2: 0.8} and tokens == {0: 1.0, 1: 1.0, 2: 2.0}
+    again = wc.decode_step_costs(model, None, 10, 1, "fake", windows=(1, 2), cache_dir=tmp_path, ar_at=lambda: None)
+    assert again == (costs, tokens) and len(calls) == 3 * wc.STEP_ROUNDS  # kept, AR's step with it
 
 
 def test_a_tree_needs_its_shape_under_auto(tokenizer):

@@ -128,8 +128,12 @@ def _check_candidates(candidates: torch.Tensor, q: torch.Tensor) -> torch.Tensor
     return candidates.long()
 
 
-def _check_distinct(candidates: torch.Tensor) -> None:
+def _check_distinct(candidates: torch.Tensor, counts: torch.Tensor | None = None) -> None:
     same = candidates.unsqueeze(2) == candidates.unsqueeze(1)
+    if counts is not None:  # only the first counts[b] of row b were drawn
+        real = torch.arange(candidates.shape[1], device=candidates.device) < counts[:, None]
+        same &= real[:, :, None] & real[:, None, :]
+        same |= torch.eye(candidates.shape[1], dtype=torch.bool, device=candidates.device)
     if (same.sum((1, 2)) > candidates.shape[1]).any():
         raise ValueError("rsd_verify needs distinct candidates per row (drafts without replacement, e.g. "
                          "gumbel_top_k); use spectr_verify or recursive_iid_verify for i.i.d. drafts")
@@ -226,14 +230,19 @@ def _spectr_stages(candidates, q, p):
     return accept, residual(p, c * m)
 
 
-def _recursive_stages(candidates, q, p, without_replacement: bool):
+def _recursive_stages(candidates, q, p, without_replacement: bool, counts=None):
     B, k = candidates.shape
     accept = torch.empty(B, k, dtype=torch.float64, device=q.device)
     p_i, q_i, remaining = p, q, q
     for i in range(k):
         x = candidates[:, i:i + 1]
         accept[:, i] = _ratio(p_i.gather(1, x), q_i.gather(1, x))[:, 0]
-        p_i = residual(p_i, q_i)
+        if counts is None:
+            p_i = residual(p_i, q_i)
+        else:  # a row's candidates past its count were never drawn: rejected, and p passes on unchanged
+            real = (i < counts)[:, None]
+            accept[:, i] = torch.where(real[:, 0], accept[:, i], torch.zeros_like(accept[:, i]))
+            p_i = torch.where(real, residual(p_i, q_i), p_i)
         if without_replacement:
             remaining = remaining.scatter(1, x, 0.0)
             mass = remaining.sum(-1, keepdim=True)
@@ -241,8 +250,8 @@ def _recursive_stages(candidates, q, p, without_replacement: bool):
     return accept, p_i
 
 
-def _rsd_stages(candidates, q, p):
-    return _recursive_stages(candidates, q, p, without_replacement=True)
+def _rsd_stages(candidates, q, p, counts=None):
+    return _recursive_stages(candidates, q, p, without_replacement=True, counts=counts)
 
 
 def _recursive_iid_stages(candidates, q, p):
@@ -293,7 +302,7 @@ def spectr_verify(candidates, q, p, generator: Generator = None) -> MultiDraftVe
     return _decide(candidates, *_spectr_stages(candidates, q, p), generator)
 
 
-def rsd_verify(candidates, q, p, generator: Generator = None) -> MultiDraftVerdict:
+def rsd_verify(candidates, q, p, generator: Generator = None, counts=None) -> MultiDraftVerdict:
     """Recursive rejection sampling for drafts without replacement (RSD; Jeon et al. 2024). Lossless.
 
     With ``p_1 = p``, ``q_1 = q``: accept x_i with probability ``min(1, p_i(x_i) / q_i(x_i))``; on
@@ -308,11 +317,15 @@ def rsd_verify(candidates, q, p, generator: Generator = None) -> MultiDraftVerdi
     depends on q_i (history up to i-1) but not on x_i. Total: ``min(p_i, q_i) + (p_i - q_i)_+ = p_i``.
     The candidates must be distinct and in draft order (e.g. :func:`gumbel_top_k`); a candidate with
     q_i = 0 (possible only when q has fewer than k possible tokens) is rejected and passes p_i on.
+    ``counts`` (B,) long, optional: row b drew only its first ``counts[b]`` candidates (the rest
+    are padding); those are verified as above and p_{counts[b]+1} is emitted after them (a row with
+    none emits a sample of p). The count must be fixed before the candidates are drawn, by nothing
+    they depend on, or the first ones' law is no longer q.
     """
     q, p = _check_pair(q, p)
     candidates = _check_candidates(candidates, q)
-    _check_distinct(candidates)
-    return _decide(candidates, *_rsd_stages(candidates, q, p), generator)
+    _check_distinct(candidates, counts)
+    return _decide(candidates, *_rsd_stages(candidates, q, p, counts), generator)
 
 
 def recursive_iid_verify(candidates, q, p, generator: Generator = None) -> MultiDraftVerdict:
@@ -330,14 +343,17 @@ def recursive_iid_verify(candidates, q, p, generator: Generator = None) -> Multi
     return _decide(candidates, *_recursive_iid_stages(candidates, q, p), generator)
 
 
-def greedy_multidraft_verify(candidates, q, p, generator: Generator = None) -> MultiDraftVerdict:
+def greedy_multidraft_verify(candidates, q, p, generator: Generator = None, counts=None) -> MultiDraftVerdict:
     """Greedy verification of k candidates. Lossless for greedy decoding.
 
     The emitted token is ``argmax p``; the accepted candidate is the first one equal to it (-1 when
-    none is). ``q`` and ``generator`` are ignored: nothing is random.
+    none is). ``q`` and ``generator`` are ignored: nothing is random. ``counts`` (B,): only the
+    first ``counts[b]`` candidates of row b are real.
     """
     best = p.argmax(-1)
     match = candidates == best[:, None]
+    if counts is not None:
+        match &= torch.arange(candidates.shape[1], device=candidates.device) < counts[:, None]
     index = torch.where(match.any(-1), match.long().argmax(-1), torch.full_like(best, -1))
     return MultiDraftVerdict(index, best)
 

@@ -34,6 +34,7 @@ import torch
 from .checks import check_positive_int
 
 WINDOWS = (1, 2, 4, 8, 16, 32)  # the candidates (docs/experiments/2026-11-25-window-search.md)
+SPECULATION_MARGIN = 0.0  # how far a re-timed table's speed-up moves (docs/experiments/2026-11-28-as-ar-margin.md)
 
 
 # ---------------------------------------------------------------------------- choosing W
@@ -118,19 +119,22 @@ def _committed(tokens: Mapping[int, float], window: int) -> float:
     return tokens.get(window, 1.0) if window == 1 else tokens[window]
 
 
-def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar_cost: float) -> bool:
+def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar_cost: float,
+                     margin: float = 0.0) -> bool:
     """Whether some window that drafts is expected to commit tokens faster than decoding without
-    a drafter: ``max_{W > 1} tokens[W] / costs[W] > 1 / ar_cost``, where ``costs[W]`` are the
-    seconds of a step of the speculative decode at the fixed window W, ``tokens[W]`` the tokens
-    per row-step it committed, and ``ar_cost`` the seconds of a step of plain AR (no drafter, no
-    rule). W = 1 does not count: its step is plain AR's with the drafter's upkeep besides, so a
-    table where it came out cheaper than AR's step says only how noisy the two timings were.
-    Without tokens for any window beyond 1 nothing is known yet, and the search is left to find
-    out (True)."""
+    a drafter, by more than ``margin``: ``max_{W > 1} tokens[W] / costs[W] > (1 + margin) / ar_cost``,
+    where ``costs[W]`` are the seconds of a step of the speculative decode at the fixed window W,
+    ``tokens[W]`` the tokens per row-step it committed, and ``ar_cost`` the seconds of a step of
+    plain AR (no drafter, no rule). ``margin`` is how far timed tables of the same decode differ on
+    this kind of machine (:data:`SPECULATION_MARGIN`): a gain inside it is not told from noise, and
+    AR is never slower than itself. W = 1 does not count: its step is plain AR's with the drafter's
+    upkeep besides, so a table where it came out cheaper than AR's step says only how noisy the
+    two timings were. Without tokens for any window beyond 1 nothing is known yet, and the search
+    is left to find out (True)."""
     drafting = [w for w in costs if w > 1 and w in tokens]
     if not drafting:
         return True
-    return max(tokens[w] / costs[w] for w in drafting) * ar_cost > 1.0
+    return max(tokens[w] / costs[w] for w in drafting) * ar_cost > 1.0 + margin
 
 
 class FixedWindow:

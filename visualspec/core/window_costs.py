@@ -33,10 +33,11 @@ import torch
 from .checks import check_positive_int
 from .home import home
 from .proactive import tree_step_timer
-from .window import WINDOWS, WindowPolicy, best_fixed_window, prefix_rows, speculation_pays
+from .window import SPECULATION_MARGIN, WINDOWS, WindowPolicy, best_fixed_window, prefix_rows, speculation_pays
 
 CACHE_FILE = "window_costs.json"
 _clock = time.perf_counter  # one name, so tests can swap in a fake clock
+STEP_ROUNDS = 3  # rounds of timed decodes per window (docs/experiments/2026-11-28-as-ar-margin.md)
 
 
 def announce(line: str) -> None:
@@ -237,7 +238,7 @@ def _read_tables(path: Path) -> dict[str, dict[int, float]]:
             table = {int(w): float(c) for w, c in table.items()}
         except (AttributeError, TypeError, ValueError):
             continue
-        if table and all(w >= 1 and c > 0 for w, c in table.items()):
+        if table and all(w >= 0 and c > 0 for w, c in table.items()):  # W = 0: plain AR's step
             tables[key] = table
     return tables
 
@@ -317,25 +318,29 @@ def _store_tables(path: Path, updates: Mapping[str, Mapping[int, float]]) -> Non
 
 
 def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
-                      windows: Sequence[int] = WINDOWS, repeats: int = 2,
-                      cache_dir: str | os.PathLike | None = None) -> tuple[dict[int, float], dict[int, float]]:
+                      windows: Sequence[int] = WINDOWS, repeats: int = STEP_ROUNDS,
+                      cache_dir: str | os.PathLike | None = None,
+                      ar_at: Callable[[], Any] | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per target forward of whole decode steps, for each window W <= ``max_new_tokens``:
     ``decode_at(W)`` runs a real decode at the fixed window W and returns its stats (with
     ``target_forwards``), so the cost holds everything a step does, the drafter's proposal, the
     forward, the rule and the commit, where :func:`measure_window_costs` holds the forward alone.
     The decode is the call's whole length: a shorter one would size its cache (and a compiled
     step's cache bucket) otherwise.
-    Each W's cost is the fastest of ``repeats`` timed calls, its seconds over its target forwards
-    (the prefill counted as one of them): the first call warms what a new window shape needs
-    (the caller has compiled every window already), and the minimum drops it, so no separate
-    warm-up decode is spent. Kept in
-    ``window_costs.json`` under :func:`cost_signature` with ``|steps=tag`` appended (``tag`` names
-    what else sets a step's cost: the drafter, the rule, greedy or sampled); a stored table that
-    holds every wanted W is returned without decoding. Returns ``(costs, tokens)``: ``tokens`` are
-    the tokens per row-step each W committed in its last timed decode (the mean of its
-    ``accepted_lengths``), kept beside under ``|tokens``, a search's first estimate of each window
-    (:class:`visualspec.core.window.WindowPolicy`'s ``tokens``)."""
-    wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens})
+
+    The decodes run in ``repeats`` rounds over every W (with ``ar_at``, a decode without a drafter,
+    timed as one more window, kept as W = 0), so a passing slowdown of a shared machine hits them
+    all alike; each cost is the fastest of its rounds, its seconds over its target forwards (the
+    prefill counted as one of them): the first round warms what a new window shape needs (the
+    caller has compiled every window already), and the minimum drops it, so no separate warm-up
+    decode is spent. Kept in ``window_costs.json`` under :func:`cost_signature` with
+    ``|steps=tag`` appended (``tag`` names what else sets a step's cost: the drafter, the rule,
+    greedy or sampled); a stored table that holds every wanted W is returned without decoding.
+    Returns ``(costs, tokens)``: ``tokens`` are the tokens per row-step each W committed in its
+    last timed decode (the mean of its ``accepted_lengths``), kept beside under ``|tokens``, a
+    search's first estimate of each window (:class:`visualspec.core.window.WindowPolicy`'s
+    ``tokens``)."""
+    wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens} | ({0} if ar_at is not None else set()))
     check_positive_int("repeats", repeats)
     path = cache_path(cache_dir)
     key = cost_signature(model, rows, max_new_tokens) + f"|steps={tag}"
@@ -346,16 +351,14 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     announce(f"window costs: timing whole decode steps of {type(model).__name__} at {rows} model rows, {tag}, "
              f"on this machine, once (kept in {path})")
     t0, measured, tokens = _clock(), {}, {}
-    for w in wanted:
-        best = None
-        for _ in range(repeats):
+    for _ in range(repeats):
+        for w in wanted:
             start = _clock()
-            stats = decode_at(w)
+            stats = ar_at() if w == 0 else decode_at(w)
             seconds = (_clock() - start) / max(int(stats.target_forwards), 1)
-            best = seconds if best is None else min(best, seconds)
-        measured[w] = best
-        lengths = getattr(stats, "accepted_lengths", None) or [1]
-        tokens[w] = sum(lengths) / len(lengths)
+            measured[w] = min(seconds, measured.get(w, seconds))
+            lengths = getattr(stats, "accepted_lengths", None) or [1]
+            tokens[w] = sum(lengths) / len(lengths)
     announce(f"window costs: whole decode steps measured in {_clock() - t0:.1f} s")
     _store_tables(path, {key: measured, key + "|tokens": tokens})
     return measured, tokens
@@ -391,18 +394,19 @@ def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, row
     drafts, rule and commit included, is not taken: speculation falls back to W = 1.
 
     With ``ar_at`` (a decode of the same rows without a drafter), the windows that draft are
-    weighed against plain AR's step, timed the same way (kept under ``|steps=AR|...``): where none
-    is expected to beat it (:func:`visualspec.core.window.speculation_pays`), the policy's
-    ``as_ar`` is set, and the engine decodes without drafts. ``fixed``: the policy takes the best
+    weighed against plain AR's step, timed in the same rounds (kept as W = 0 of the table): where
+    none is expected to beat it by more than :data:`visualspec.core.window.SPECULATION_MARGIN`
+    (:func:`visualspec.core.window.speculation_pays`), the policy's ``as_ar`` is set, and the
+    engine decodes without drafts. ``fixed``: the policy takes the best
     of those fixed windows at every step, with no search (:class:`visualspec.core.window.FixedWindow`);
     where that is W = 1 it decodes as AR too."""
-    costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir)
+    costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir,
+                                      ar_at=ar_at)
     as_ar = False
     if ar_at is not None:
-        sampled = tag.rsplit("|", 1)[-1]
-        ar, _ = decode_step_costs(model, lambda w: ar_at(), max_new_tokens, rows, f"AR|{sampled}", (1,),
-                                  cache_dir=cache_dir)
-        as_ar = not speculation_pays(costs, tokens, ar[1])
+        as_ar = not speculation_pays({w: c for w, c in costs.items() if w}, tokens, costs.pop(0),
+                                     margin=SPECULATION_MARGIN)
+        tokens.pop(0)
     # a fixed policy whose best window is W = 1 would run plain AR's step with the drafter's upkeep
     as_ar |= fixed and best_fixed_window(costs, tokens) == 1
     return WindowPolicy({rows: costs}, tokens=tokens, as_ar=as_ar, fixed=fixed)

@@ -68,11 +68,20 @@ class FeatureDrafter(Drafter):
     def forwards(self):
         return self._forwards
 
+    tree_columns = 0  # scratch cache columns for a dynamic tree's nodes (use_tree)
+
     def start(self, batch_size, num_tokens, sampling):
         self.sampling, self.batch_size, self.N = sampling, batch_size, num_tokens
         self._unguided = dataclasses.replace(sampling, guidance_scale=1.0)
         self._forwards = 0
         self.real = None
+
+    def use_tree(self, depth: int = 0, width: int = 0) -> None:
+        """Reserve cache columns for dynamic trees of ``depth`` levels and ``width`` nodes a level
+        (:meth:`propose_dynamic_tree`), from the next decode on; ``use_tree()``: none."""
+        if depth and self.keep is not None:
+            raise ValueError("a draft vocabulary (keep) and a dynamic draft tree do not go together yet")
+        self.tree_columns = max(depth - 1, 0) * width
 
     def _prompt(self, requests=None):
         prefix = self.prefix(requests) if callable(self.prefix) else self.prefix
@@ -95,7 +104,7 @@ class FeatureDrafter(Drafter):
             self.P = width
             self.real = features.new_zeros(Bm, self.N + 2, features.shape[-1])
             self.consumed = torch.zeros(Bm, dtype=torch.long, device=features.device)
-            self.model.reset(Bm, self.P + self.N + 1, valid)
+            self.model.reset(Bm, self.P + self.N + 1 + self.tree_columns, valid)
             model_rows = torch.arange(Bm, device=features.device)
         else:
             if width > self.P:
@@ -176,6 +185,59 @@ class FeatureDrafter(Drafter):
                 last = self._step(self.sampling.model_batch(drafts[:, j:j + 1]), last[:, None], column)[:, 0]
         return drafts, torch.stack(probs, 1)
 
+    def propose_dynamic_tree(self, tokens, n, depth: int, width: int, generator=None):
+        """A dynamic draft tree (:class:`visualspec.core.dynamic_tree.DynamicTree`): after the
+        catch-up, level by level, :func:`visualspec.core.dynamic_tree.grow_level` picks the level's
+        ``width`` nodes from the laws of the nodes above, and one drafter pass over them (tree
+        attention: each node attends the real columns and its own ancestors, written in the
+        scratch columns :meth:`use_tree` reserved) gives the laws of their children. The laws are
+        the sampling's of the target's head on the predicted features; greedy decoding ranks by
+        the head's softmax."""
+        from ..core.dynamic_tree import DynamicTree, grow_level
+
+        if self.sampling.uses_guidance:
+            raise ValueError("dynamic draft trees do not support classifier-free guidance")
+        if self.tree_columns < (depth - 1) * width or self.model._valid.shape[1] < self.P + self.N + 1 + self.tree_columns:
+            raise ValueError(f"call use_tree({depth}, {width}) before the decode starts")
+        B = tokens.shape[0]
+        n = per_row(n, B, tokens.device)
+        last, nm = self._catch_up(tokens, n)
+        laws, ranks = self._laws(last[:, None])
+        path = torch.ones(B, 1, dtype=torch.float64, device=tokens.device)
+        S = self.model._valid.shape[1]
+        scratch = S - self.tree_columns
+        key = torch.arange(S, device=tokens.device)
+        real = (key < (self.P + nm)[:, None]) & self.model._valid & (key < scratch)  # (B, S)
+        own = torch.eye(width, dtype=torch.bool, device=tokens.device)
+        seen = None  # (B, width, S): the scratch columns of each node of the level and its ancestors
+        levels, parents, qs, above = [], [], [laws[:, 0]], last[:, None]
+        for level in range(depth):
+            t, par, path = grow_level(path, laws.double(), ranks.double(), width, generator, self.sampling.greedy)
+            levels.append(t)
+            parents.append(par)
+            if level + 1 == depth:
+                break
+            slots = scratch + level * width + torch.arange(width, device=tokens.device)
+            mine = torch.zeros(B, width, S, dtype=torch.bool, device=tokens.device)
+            mine[:, :, scratch + level * width:scratch + (level + 1) * width] = own
+            seen = mine if seen is None else mine | seen.gather(1, par[..., None].expand(-1, -1, S))
+            feats = above.gather(1, par[..., None].expand(-1, -1, above.shape[-1]))
+            self._forwards += 1
+            emb = self._embed(t).to(self.model.fc.weight.dtype)
+            above = self.model.tree_step(emb, feats.to(emb.dtype), (self.P + nm + level)[:, None].expand(B, width),
+                                         slots.expand(B, width), real[:, None] | seen)
+            laws, ranks = self._laws(above)
+            qs.extend(laws.unbind(1))
+        q = torch.stack(qs, 1) if len(qs) > 1 else qs[0][:, None]
+        return DynamicTree(torch.stack(levels, 1), torch.stack(parents, 1), q)
+
+    def _laws(self, features):
+        """The drafts' laws q (B, F, V) from predicted features (B, F, D), and the laws children
+        are ranked by: q, or under greedy decoding the head's softmax."""
+        logits = self.target.head(features.to(self.real.dtype))
+        q = self.sampling.probs(logits)
+        return q, (torch.softmax(logits.float(), -1) if self.sampling.greedy else q)
+
     def observe(self, n, committed, target_probs, generator=None, features=None):
         """Keep the window's real features (model rows, k+1, D) at positions n-1..n+k-1."""
         if features is None or self.real is None:
@@ -236,6 +298,11 @@ class ChimeraDrafter(FeatureDrafter):
     def start(self, batch_size, num_tokens, sampling):
         super().start(batch_size, num_tokens, sampling)
         self._before = None
+
+    def use_tree(self, depth: int = 0, width: int = 0) -> None:
+        if depth:
+            raise ValueError("a Chimera drafter drafts a chain from its heads; dynamic draft trees need an EAGLE-style "
+                             "feature drafter")
 
     def _prompt_inputs(self, ids, model_rows):
         from ..models.chimera import trigrams

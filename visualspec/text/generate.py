@@ -49,6 +49,7 @@ from ..models.kangaroo import check_hash, is_kangaroo_folder, kangaroo_info, loa
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
 from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
 from ..core.stats import DecodeStats
+from ..core.dynamic_tree import check_tree_shape, decode_dynamic_tree
 from ..core.tree import decode_tree
 from ..core.verify import default_rule, typical_verify
 from ..core.window import WINDOWS
@@ -183,13 +184,26 @@ def _tree_args(branches, depth, window, multidraft, drafter, acceptance):
     return depth, rule, scheme
 
 
+def _dynamic_tree_args(tree_width, depth, branches, window, acceptance, draft_vocab, draft_stop_below) -> bool:
+    """Whether the call grows dynamic draft trees (``tree_width`` given); errors name the bad argument."""
+    if tree_width is None:
+        return False
+    check_tree_shape(depth, tree_width)
+    for bad, why in ((branches != 1, "branches (a dynamic tree picks its own)"), (window != "auto", "window (its size "
+                     "is 1 + depth * tree_width)"), (acceptance != "exact", "acceptance (it is verified exactly)"),
+                     (draft_vocab is not None, "draft_vocab"), (draft_stop_below is not None, "draft_stop_below")):
+        if bad:
+            raise ValueError(f"a dynamic draft tree (tree_width={tree_width}) takes no {why}")
+    return True
+
+
 @torch.no_grad()
 def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exact", max_new_tokens: int = 64,
                   temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                   generator=None, window: int | str = "auto", ngram: int = 3, typical_epsilon: float = 0.09,
                   typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
                   multidraft: str = "rsd", draft_stop_below: float | None = None,
-                  compile="auto") -> TextOutput:
+                  compile="auto", tree_width: int | None = None) -> TextOutput:
     """Generate ``max_new_tokens`` tokens after ``prompt`` (a string or a list of strings).
 
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
@@ -224,6 +238,11 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     ``"spectr"`` (i.i.d. drafts, SpecTr's k-sequential selection) or ``"recursive_iid"``; greedy
     decoding accepts the candidate equal to the target's argmax. All are lossless.
 
+    ``tree_width`` (with a feature drafter) grows a dynamic draft tree each step instead of a
+    chain: ``depth`` levels of ``tree_width`` nodes, each level's nodes given to the likeliest
+    paths before their tokens are drawn, verified exactly in one forward
+    (:mod:`visualspec.core.dynamic_tree`: EAGLE-2's dynamic tree, made lossless).
+
     ``compile=True`` runs the target's and the draft model's window forwards on a static cache
     through ``torch.compile`` (:meth:`visualspec.models.hf.HFCausalLM.compile_step`): the same
     tokens, cheaper steps once compiled. Each window bucket compiles on its first use in a process
@@ -241,7 +260,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     check_compile(compile)
     if isinstance(drafter, str) and is_kangaroo_folder(drafter):
         drafter = load_kangaroo(drafter, model)
-    tree = _tree_args(branches, depth, window, multidraft, drafter, acceptance)
+    dynamic = _dynamic_tree_args(tree_width, depth, branches, window, acceptance, draft_vocab, draft_stop_below)
+    tree = None if dynamic else _tree_args(branches, depth, window, multidraft, drafter, acceptance)
     if tree is not None and draft_stop_below is not None:
         raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
     if tree is None and draft_stop_below is None and kangaroo_info(drafter) is not None:
@@ -275,17 +295,27 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     eos = tokenizer.eos_token_id
     if drafts is None:
         window = 1
+    if dynamic:
+        if not isinstance(drafts, FeatureDrafter):
+            raise ValueError(f"a dynamic draft tree (tree_width=) needs a feature drafter, not drafter={drafter!r}")
+        drafts.use_tree(depth, tree_width)
+        window = depth + 1  # the drafter's catch-up feeds up to depth + 1 pairs; the target's tree runs eagerly
     windows = [w for w in WINDOWS if w <= max_new_tokens] if window == "auto" else range(1, window + 1)
-    if compile:  # every window bucket of the decode, before it (announced; once per process)
-        target.precompile(prefix, max_new_tokens, windows, features=getattr(drafts, "wants_features", False))
+    if compile:  # every window bucket of the decode (a dynamic tree: its one shape), before it (announced)
+        if dynamic:
+            target.precompile_tree(prefix, max_new_tokens, 1 + depth * tree_width, features=True)
+        else:
+            target.precompile(prefix, max_new_tokens, windows, features=getattr(drafts, "wants_features", False))
         if window == "auto" and getattr(drafts, "wants_features", False):  # plain AR's step, should it win
             target.precompile(prefix, max_new_tokens, [1])
         if isinstance(drafts, DraftModelDrafter):
             drafts.model.precompile(prefix, max_new_tokens, windows)
         if isinstance(drafts, FeatureDrafter):
             drafts.model.compile_step()
-            drafts.model.precompile(rows, input_ids.shape[1] + max_new_tokens + 1,
-                                    {drafts.model.pairs_bucket(w) for w in windows})
+            columns = input_ids.shape[1] + max_new_tokens + 1 + drafts.tree_columns
+            drafts.model.precompile(rows, columns, {drafts.model.pairs_bucket(w) for w in windows})
+            if dynamic:
+                drafts.model.precompile_tree(rows, columns, tree_width)
     elif isinstance(drafts, FeatureDrafter):
         drafts.model.compile_step(False)
     if window == "auto" and tree is None:  # whole steps timed as this decode runs them: compiled or eager
@@ -296,8 +326,14 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         def ar_at():
             return decode(target, prefix, max_new_tokens, sampling, generator=make_generator(0, device=device))[1]
 
-        window = step_policy(target, decode_at, max_new_tokens, rows, step_tag(drafts, rule, sampling), ar_at=ar_at)
-    if tree is None:
+        # the table's best fixed window at every step (docs/experiments/2026-11-28-text-fixed-window.md)
+        window = step_policy(target, decode_at, max_new_tokens, rows, step_tag(drafts, rule, sampling), ar_at=ar_at,
+                             fixed=True)
+    if dynamic:
+        tokens, stats = decode_dynamic_tree(target, prefix, max_new_tokens, sampling, drafts, depth=depth,
+                                            width=tree_width, generator=generator,
+                                            mode=f"{mode} dynamic tree {depth}x{tree_width}", stop_token=eos)
+    elif tree is None:
         tokens, stats = decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=window,
                                generator=generator, mode=mode, stop_token=eos)
     else:

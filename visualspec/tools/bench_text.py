@@ -200,6 +200,7 @@ COMPILE_CHOICES = ("off", "on", "both")
 
 
 COMPILED_DRAFT = dict(window=6, draft_stop_below=0.6)  # chosen on seed=1 prompts (docs/experiments/2026-11-27-compiled-transformers-step.md)
+FEATURE_TREE = (3, 2)  # the dynamic tree's depth and width (docs/experiments/2026-11-28-dynamic-tree-text.md)
 
 
 def is_ar(name: str) -> bool:
@@ -209,7 +210,8 @@ def is_ar(name: str) -> bool:
 
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
             compile: str = "both", quantized=None, feature=None, feature_window: int = 4, distilled=None,
-            temperature: float = 0.0, kangaroo=None, kangaroo_window: int = 4, chimera=None):
+            temperature: float = 0.0, kangaroo=None, kangaroo_window: int = 4, chimera=None,
+            feature_tree: tuple[int, int] = FEATURE_TREE):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -224,7 +226,8 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     STAND rows (eager and compiled, as ``compile`` says), named ``..., SCHEME``.
     ``feature``: the pair's feature drafter (:func:`load_feature_drafter`), whose rows draft
     ``feature_window - 1`` tokens a step (its ``FR-Spec 1/4`` rows draft from the head's ``kept``
-    rows only, the VocabTrim row's set); ``distilled``: the pair's distilled draft model
+    rows only, the VocabTrim row's set; its ``dynamic tree`` rows grow trees of ``feature_tree``
+    = (depth, width) instead of chains); ``distilled``: the pair's distilled draft model
     (``draft-distilled/``, DistillSpec), drafting as the draft model rows do. ``kangaroo``: the
     pair's Kangaroo draft model (:func:`load_kangaroo_drafter`), drafting up to ``kangaroo_window - 1``
     tokens a step and stopping below its folder's threshold. ``chimera``: the pair's Chimera drafter
@@ -273,6 +276,10 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         trim = dict(drafter=feature, draft_vocab=kept if kept is not None else len(tokenizer) // 4, compile=True)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled"] = ours(**trim, window=feature_window)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled, auto window"] = ours(**trim)
+        depth, width = feature_tree
+        tree = f"visualspec feature drafter, dynamic tree {depth}x{width}"
+        eager[tree] = ours(drafter=feature, depth=depth, tree_width=width)
+        compiled[tree + ", compiled"] = ours(drafter=feature, depth=depth, tree_width=width, compile=True)
     if chimera is not None:
         chimera_window = chimera.config.heads + 1
         eager["visualspec Chimera"] = ours(drafter=chimera, window=chimera_window)
@@ -304,7 +311,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
                        only: list[str] | None = None, prompt_tokens: int = PROMPT_TOKENS, draft_window: int = 10,
                        stop_below: float = 0.2, compile: str = "both", quantize: str | None = None,
                        progress: bool = False, feature_window: int = 4, seed: int = 0,
-                       temperature: float = 0.0, kangaroo_window: int = 4) -> dict:
+                       temperature: float = 0.0, kangaroo_window: int = 4,
+                       feature_tree: tuple[int, int] = FEATURE_TREE) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
     fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers',
     quantised with ``quantize`` where those rows are asked for and win).
@@ -327,7 +335,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
                     draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window,
                     load_distilled_draft(folder), temperature, load_kangaroo_drafter(folder, target), kangaroo_window,
-                    load_feature_drafter(folder, CHIMERA))
+                    load_feature_drafter(folder, CHIMERA), tuple(feature_tree))
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     # the base model: every target forward runs it, whether through the LM class or (to return
@@ -373,7 +381,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     return {
         "prompts": len(texts), "seed": seed, "temperature": temperature, "new_tokens": new_tokens, "window": window,
         "draft_window": draft_window,
-        "feature_window": feature_window, "kangaroo_window": kangaroo_window,
+        "feature_window": feature_window, "feature_tree": list(feature_tree), "kangaroo_window": kangaroo_window,
         "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar, "results": results,
         "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),
         "compiled_draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model, compiled"),

@@ -27,6 +27,9 @@ def register(sub, common) -> None:
     bt.add_argument("--kangaroo-window", type=count_arg, default=4,
                     help="the Kangaroo drafter's window (drafts + 1), where the pair has one (kangaroo/); 4 was "
                          "chosen on prompts of --seed 1 (docs/experiments/2026-11-28-kangaroo-text.md)")
+    bt.add_argument("--feature-tree", type=count_arg, nargs=2, metavar=("DEPTH", "WIDTH"), default=None,
+                    help="the feature drafter's dynamic tree rows: levels and nodes per level (default: the one "
+                         "chosen in docs/experiments/2026-11-28-dynamic-tree-text.md)")
     bt.add_argument("--seed", type=int, default=0,
                     help="which held-out prompts (0: the reported tables'; choices are made on others)")
     bt.add_argument("--temperature", type=float, default=0.0,
@@ -51,7 +54,8 @@ def run(args) -> int:
                                 draft_window=args.draft_window, stop_below=args.draft_stop_below,
                                 compile=args.compile, quantize=args.quantize, progress=True,
                                 feature_window=args.feature_window, seed=args.seed, only=args.only,
-                                temperature=args.temperature, kangaroo_window=args.kangaroo_window)
+                                temperature=args.temperature, kangaroo_window=args.kangaroo_window,
+                                **({"feature_tree": tuple(args.feature_tree)} if args.feature_tree else {}))
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)
     text = json.dumps(result, indent=1)
