@@ -126,6 +126,11 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         return self.layer(x, rotary(self.rope[columns], x.dtype), attend[:, None], (*self._cache, None), slots)
 
     @property
+    def valid_columns(self) -> torch.Tensor:
+        """(rows, columns) bool: the cache columns each row may attend once written (:meth:`reset`)."""
+        return self._valid
+
+    @property
     def embedding_width(self) -> int:
         """The width of a pair's token part: the target's embedding width D."""
         return self.config.feature_size

@@ -49,8 +49,13 @@ def visualspec_home(tmp_path_factory):
     """The suite's own VISUALSPEC_HOME: tests neither read what this machine measured or compiled
     (which would change what ``window="auto"`` or ``compile="auto"`` choose, test by test) nor
     write into the user's cache. A test that needs a fresh one sets its own."""
+    import visualspec.core.window_costs as window_costs
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VISUALSPEC_HOME", str(tmp_path_factory.mktemp("visualspec-home")))
+        # tests check what a table decides, not how steadily it was timed: two rounds (the first
+        # warms), as many decodes as the tables took before AR joined their rounds
+        mp.setattr(window_costs, "STEP_ROUNDS", 2)
         yield
 
 

@@ -79,7 +79,7 @@ def test_free_drafts_are_tagged_by_class_and_ar_asks_nothing(priced, tokenizer):
 def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(tmp_path, monkeypatch):
     """A fake decode that takes 1 + W seconds of a fake clock for 10 / W forwards: the cost is
     seconds over forwards, each window's first call (10x slower, as a new shape's first run can be)
-    left out by the minimum of the rounds, which interleave the windows; a second call reads the
+    left out by the minimum of three rounds, which interleave the windows; a second call reads the
     cache."""
     clock, calls = [0.0], []
     monkeypatch.setattr(wc, "_clock", lambda: clock[0])
@@ -91,12 +91,13 @@ def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(
                            accepted_lengths=[min(w, 3)] * (10 // w))
 
     model = tiny_hf("llama", vocab_size=64)
-    costs, tokens = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path)
+    costs, tokens = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4, 16), cache_dir=tmp_path,
+                                         repeats=3)
     assert costs == {1: 2 / 10, 2: 3 / 5, 4: 5 / 2}  # 16 > 10 new tokens
-    assert calls == [1, 2, 4] * wc.STEP_ROUNDS  # in rounds over the windows, no separate warm-up
+    assert calls == [1, 2, 4] * 3  # in rounds over the windows, no separate warm-up
     assert tokens == {1: 1.0, 2: 2.0, 4: 3.0}
     again = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
-    assert again == (costs, tokens) and len(calls) == 3 * wc.STEP_ROUNDS
+    assert again == (costs, tokens) and len(calls) == 9
     assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path)[0] == {1: 2 / 10}
 
 
@@ -115,11 +116,12 @@ def test_plain_ar_is_timed_in_the_windows_rounds(tmp_path, monkeypatch):
 
     model = tiny_hf("llama", vocab_size=64)
     costs, tokens = wc.decode_step_costs(model, lambda w: timed(w, 2.0 * w, 10 // w, min(w, 3)), 10, 1, "fake",
-                                         windows=(1, 2), cache_dir=tmp_path, ar_at=lambda: timed("AR", 1.0, 10, 1))
-    assert calls == ["AR", 1, 2] * wc.STEP_ROUNDS
+                                         windows=(1, 2), cache_dir=tmp_path, ar_at=lambda: timed("AR", 1.0, 10, 1),
+                                         repeats=3)
+    assert calls == ["AR", 1, 2] * 3
     assert costs == {0: 0.1, 1: 0.2, 2: 0.8} and tokens == {0: 1.0, 1: 1.0, 2: 2.0}
     again = wc.decode_step_costs(model, None, 10, 1, "fake", windows=(1, 2), cache_dir=tmp_path, ar_at=lambda: None)
-    assert again == (costs, tokens) and len(calls) == 3 * wc.STEP_ROUNDS  # kept, AR's step with it
+    assert again == (costs, tokens) and len(calls) == 9  # kept, AR's step with it
 
 
 def test_a_tree_needs_its_shape_under_auto(tokenizer):

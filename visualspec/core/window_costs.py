@@ -318,7 +318,7 @@ def _store_tables(path: Path, updates: Mapping[str, Mapping[int, float]]) -> Non
 
 
 def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
-                      windows: Sequence[int] = WINDOWS, repeats: int = STEP_ROUNDS,
+                      windows: Sequence[int] = WINDOWS, repeats: int | None = None,
                       cache_dir: str | os.PathLike | None = None,
                       ar_at: Callable[[], Any] | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per target forward of whole decode steps, for each window W <= ``max_new_tokens``:
@@ -328,9 +328,9 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     The decode is the call's whole length: a shorter one would size its cache (and a compiled
     step's cache bucket) otherwise.
 
-    The decodes run in ``repeats`` rounds over every W (with ``ar_at``, a decode without a drafter,
-    timed as one more window, kept as W = 0), so a passing slowdown of a shared machine hits them
-    all alike; each cost is the fastest of its rounds, its seconds over its target forwards (the
+    The decodes run in ``repeats`` rounds (default :data:`STEP_ROUNDS`) over every W (with
+    ``ar_at``, a decode without a drafter, timed as one more window, kept as W = 0), so a passing
+    slowdown of a shared machine hits them all alike; each cost is the fastest of its rounds, its seconds over its target forwards (the
     prefill counted as one of them): the first round warms what a new window shape needs (the
     caller has compiled every window already), and the minimum drops it, so no separate warm-up
     decode is spent. Kept in ``window_costs.json`` under :func:`cost_signature` with
@@ -341,7 +341,7 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     search's first estimate of each window (:class:`visualspec.core.window.WindowPolicy`'s
     ``tokens``)."""
     wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens} | ({0} if ar_at is not None else set()))
-    check_positive_int("repeats", repeats)
+    repeats = STEP_ROUNDS if repeats is None else check_positive_int("repeats", repeats)
     path = cache_path(cache_dir)
     key = cost_signature(model, rows, max_new_tokens) + f"|steps={tag}"
     tables = _read_tables(path)

@@ -197,17 +197,18 @@ class FeatureDrafter(Drafter):
 
         if self.sampling.uses_guidance:
             raise ValueError("dynamic draft trees do not support classifier-free guidance")
-        if self.tree_columns < (depth - 1) * width or self.model._valid.shape[1] < self.P + self.N + 1 + self.tree_columns:
+        valid = self.model.valid_columns
+        if self.tree_columns < (depth - 1) * width or valid.shape[1] < self.P + self.N + 1 + self.tree_columns:
             raise ValueError(f"call use_tree({depth}, {width}) before the decode starts")
         B = tokens.shape[0]
         n = per_row(n, B, tokens.device)
         last, nm = self._catch_up(tokens, n)
         laws, ranks = self._laws(last[:, None])
         path = torch.ones(B, 1, dtype=torch.float64, device=tokens.device)
-        S = self.model._valid.shape[1]
+        S = valid.shape[1]
         scratch = S - self.tree_columns
         key = torch.arange(S, device=tokens.device)
-        real = (key < (self.P + nm)[:, None]) & self.model._valid & (key < scratch)  # (B, S)
+        real = (key < (self.P + nm)[:, None]) & valid & (key < scratch)  # (B, S)
         own = torch.eye(width, dtype=torch.bool, device=tokens.device)
         seen = None  # (B, width, S): the scratch columns of each node of the level and its ancestors
         levels, parents, qs, above = [], [], [laws[:, 0]], last[:, None]
