@@ -339,11 +339,13 @@ class HFCausalLM:
     # ------------------------------------------------------------------ trees and branches
 
     def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
-                     start, features: bool = False):
+                     start, features: bool = False, compile_new: bool = False):
         """Tree attention (see :class:`visualspec.core.engine.TreeTokenModel`): one forward over the
         flattened tree with a 4-D mask, node i of row b at position ``start[b] + depths[i]``;
         ``ancestors`` (N, N), or (B, N, N) for trees shaped per row. ``features``: also the last
-        hidden states (B, N, D), as :meth:`forward_window` gives them."""
+        hidden states (B, N, D), as :meth:`forward_window` gives them. With the step compiled, a
+        tree shape runs its graph once :meth:`precompile_tree` compiled it (``compile_new``: compile
+        it now), else eagerly, so nothing compiles mid-decode."""
         B, N = tokens.shape
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         if self.static:
@@ -355,10 +357,10 @@ class HFCausalLM:
             allowed = torch.nn.functional.pad(allowed, (0, self._static_columns() - past - N))
         mask = additive_mask(allowed[:, None], self._dtype)
         positions = start[:, None] + depths[None].to(tokens.device)
-        key = _bucket(B, -N, mask.shape[-1], self._dtype, tokens.device, self.head_rows is not None, features)
-        if self._compiled and self.static and (B == self._prefill_rows or key in self._tree_compiler.compile_s):
+        if self._compiled and self.static:
+            key = _bucket(B, -N, mask.shape[-1], self._dtype, tokens.device, self.head_rows is not None, features)
             out = self._tree_compiler(key, self, dense(tokens), dense(self.first_position + positions), dense(mask),
-                                      features, compile_new=False)
+                                      features, compile_new=compile_new)
         else:
             out = _masked_forward(self, tokens, self.first_position + positions, mask, features)
         self._append(positions)
@@ -455,18 +457,14 @@ class HFCausalLM:
             raise RuntimeError("precompile_tree() compiles the compiled step: call compile_step() first")
         input_ids = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
         rows, device = input_ids.shape[0], input_ids.device
-        self.prefill(prefix, max_new_tokens)
-        self._make_room(nodes)
-        key = _bucket(rows, -nodes, self._static_columns(), self._dtype, device, self.head_rows is not None, features)
-        if key in self._tree_compiler.compile_s:
+        columns = static_length(input_ids.shape[1] + max_new_tokens + STATIC_SLACK)  # as precompile() sizes them
+        if _bucket(rows, -nodes, columns, self._dtype, device, self.head_rows is not None,
+                   features) in self._tree_compiler.compile_s:
             return
+        self.prefill(prefix, max_new_tokens)
         chain = torch.ones(nodes, nodes, dtype=torch.bool, device=device).tril()
-        mask = additive_mask(torch.nn.functional.pad(
-            torch.cat([self.column_valid[:, None, :].expand(rows, nodes, -1), chain.expand(rows, nodes, nodes)], 2),
-            (0, self._static_columns() - self.column_valid.shape[1] - nodes))[:, None], self._dtype)
-        positions = torch.arange(nodes, device=device).expand(rows, nodes) + self.first_position
-        self._tree_compiler(key, self, torch.zeros(rows, nodes, dtype=torch.long, device=device), dense(positions),
-                            dense(mask), features)
+        self.forward_tree(torch.zeros(rows, nodes, dtype=torch.long, device=device), torch.arange(nodes, device=device),
+                          chain, 0, features=features, compile_new=True)
 
     def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor, features: bool = False):
         """A window forward on the static cache: (B, L) tokens at position ids ``positions``,

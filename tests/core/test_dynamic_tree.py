@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import N, V, drafter_net, prompt_prefix, ragged_prompts
+from drafters.harness import N, V, drafter_net, prompt_prefix, ragged_greedy_ar, ragged_prompts
 from visualspec.core.dynamic_tree import (DynamicTree, allocate_children, decode_dynamic_tree, draw_children,
                                           grow_level)
-from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.multidraft import rsd_verify
 from visualspec.core.sampling import SamplingConfig
@@ -78,9 +77,7 @@ def test_rsd_over_a_nodes_first_children_only_emits_p():
 
 @pytest.mark.parametrize("static", [False, True])
 def test_greedy_output_equals_ar_on_ragged_rows(static):
-    target = HFCausalLM(tiny_hf("llama"), static=static)
-    prefix = ragged_prompts()
-    ar, _ = decode(target, prefix, 12, GREEDY)
+    target, prefix, ar = ragged_greedy_ar(static)
     drafter = FeatureDrafter(drafter_net(target), target, prefix)
     out, stats = decode_dynamic_tree(target, prefix, 12, GREEDY, drafter, depth=3, width=4)
     assert torch.equal(out, ar)

@@ -90,6 +90,16 @@ def ragged_prompts():
     return ids, (ids != 0).long()
 
 
+def ragged_greedy_ar(static: bool = False, num_tokens: int = 12):
+    """A tiny Llama target (a static cache or not), :func:`ragged_prompts` and the target's greedy
+    AR tokens after them, which every lossless drafter must reproduce."""
+    from visualspec.core.engine import decode
+
+    target = HFCausalLM(tiny_hf("llama"), static=static)
+    prefix = ragged_prompts()
+    return target, prefix, decode(target, prefix, num_tokens, SamplingConfig(temperature=0.0))[0]
+
+
 def drafter_net(target: HFCausalLM, seed=0, dtype=torch.float64, cls=FeatureDraftModel, **kwargs):
     """A small ``cls`` network for ``target`` (the EAGLE drafter's, or a subclass with ``kwargs``)
     with large random weights, so its drafts vary."""

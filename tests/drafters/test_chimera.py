@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import N, V, drafter_net, prompt_prefix, ragged_prompts, reporting_uniform_law
+from drafters.harness import (N, V, drafter_net, prompt_prefix, ragged_greedy_ar, ragged_prompts,
+                             reporting_uniform_law)
 from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
@@ -32,9 +33,7 @@ def test_trigrams_are_each_columns_last_three_tokens():
 
 @pytest.mark.parametrize("static", [False, True])
 def test_greedy_output_equals_ar_on_ragged_rows_with_one_pass_a_step(static):
-    target = HFCausalLM(tiny_hf("llama"), static=static)
-    prefix = ragged_prompts()
-    ar, _ = decode(target, prefix, 12, GREEDY)
+    target, prefix, ar = ragged_greedy_ar(static)
     drafter = ChimeraDrafter(chimera_net(target), target, prefix)
     steps = []
     real = drafter.propose

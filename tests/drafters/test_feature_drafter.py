@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import N, V, drafter_net, prompt_prefix, ragged_prompts, reporting_uniform_law
+from drafters.harness import (N, V, drafter_net, prompt_prefix, ragged_greedy_ar, ragged_prompts,
+                             reporting_uniform_law)
 from visualspec.core.engine import Requests, decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
@@ -35,12 +36,9 @@ def test_features_are_what_the_head_reads_and_change_no_logit(static):
 
 @pytest.mark.parametrize("static", [False, True])
 def test_greedy_output_equals_ar_on_ragged_rows(static):
-    target = HFCausalLM(tiny_hf("llama"), static=static)
-    prefix = ragged_prompts()
-    greedy = SamplingConfig(temperature=0.0)
-    ar, _ = decode(target, prefix, 12, greedy)
+    target, prefix, ar = ragged_greedy_ar(static)
     drafter = FeatureDrafter(drafter_net(target), target, prefix)
-    out, stats = decode(target, prefix, 12, greedy, drafter=drafter, window=4)
+    out, stats = decode(target, prefix, 12, SamplingConfig(temperature=0.0), drafter=drafter, window=4)
     assert torch.equal(out, ar)
     assert stats.target_forwards < 12 * 3 and drafter.forwards > 0
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_positive_int
-from .multidraft import greedy_multidraft_verify, gumbel_noise, rsd_verify
+from .multidraft import greedy_multidraft_verify, gumbel_top_k, rsd_verify
 from .rows import _Run
 from .sampling import Generator, SamplingConfig, sample
 from .stats import DecodeStats
@@ -57,13 +57,10 @@ def allocate_children(path_probs: torch.Tensor, ranked_q: torch.Tensor, width: i
 
 def draw_children(q: torch.Tensor, width: int, generator: Generator = None, greedy: bool = False) -> torch.Tensor:
     """``width`` distinct candidate children per node, in draw order: ``q`` (B, F, V) -> (B, F, width).
-    Sampled: the top ``width`` of Gumbel keys ``log q + G``, a without-replacement draw sequence from
-    q (its first c are what a node with c children keeps); tokens q cannot draw come last, in any
-    order. ``greedy``: the ``width`` most likely tokens of q, in order."""
-    logq = torch.where(q > 0, q.double().clamp(min=1e-300).log(), torch.full(q.shape, -1e300, dtype=torch.float64,
-                                                                               device=q.device))
-    keys = logq if greedy else logq + gumbel_noise(q.shape, generator, q.device)
-    return keys.topk(width, dim=-1).indices
+    Sampled: :func:`visualspec.core.multidraft.gumbel_top_k`, a without-replacement draw sequence
+    from q (its first c are what a node with c children keeps). ``greedy``: the ``width`` most
+    likely tokens of q, in order."""
+    return q.topk(width, dim=-1).indices if greedy else gumbel_top_k(q.double().log(), width, generator)
 
 
 @dataclass
@@ -181,7 +178,7 @@ def decode_dynamic_tree(target, prefix, num_tokens: int, sampling: SamplingConfi
         tree = drafter.propose_dynamic_tree(rows.seq, n, depth, width, gens)
         depths, ancestors = tree.layout()
         flat = torch.cat([rows.last(), tree.tokens.flatten(1)], dim=1)
-        out = target.forward_tree(flat, depths, ancestors, n - 1, **({"features": True} if features else {}))
+        out = target.forward_tree(flat, depths, ancestors, n - 1, **run._feature_flag)
         logits, feats = out if features else (out, None)
         p = sampling.probs(logits)  # (b, N, V)
         run.step_done()
@@ -190,7 +187,6 @@ def decode_dynamic_tree(target, prefix, num_tokens: int, sampling: SamplingConfi
         run.keep(path, counts)
         nodes = torch.cat([torch.zeros_like(path[:, :1]), path], 1)  # the root, then the accepted path
         idx = torch.arange(len(rows), device=flat.device)[:, None]
-        kept = None if feats is None else feats[idx, nodes]
-        drafter.observe(n, counts, p[idx, nodes], gens, **({"features": kept} if features else {}))
+        drafter.observe(n, counts, p[idx, nodes], gens, **({"features": feats[idx, nodes]} if features else {}))
         run.finish_rows()
     return run.result()

@@ -145,7 +145,8 @@ def _check_distinct(candidates: torch.Tensor, counts: torch.Tensor | None = None
 
 
 def gumbel_top_k(logq: torch.Tensor, k: int, generator: Generator = None) -> torch.Tensor:
-    """k distinct tokens per row, drawn from q = softmax(logq) without replacement. (B, V) -> (B, k).
+    """k distinct tokens per row, drawn from q = softmax(logq) without replacement. (B, V) -> (B, k),
+    or (B, ..., V) -> (B, ..., k): several laws per row b, all drawn with row b's generator.
 
     Gumbel-top-k: perturb every log-probability with independent Gumbel noise
     ``g = -log(-log u)``, ``u ~ U(0, 1)``, and keep the k largest keys ``logq + g`` in decreasing
@@ -156,10 +157,10 @@ def gumbel_top_k(logq: torch.Tensor, k: int, generator: Generator = None) -> tor
     (in no particular order); every rule here rejects them.
     """
     k = _check_k(k)
-    if logq.ndim != 2:
-        raise ValueError(f"logq must have shape (B, V), got {tuple(logq.shape)}")
-    if k > logq.shape[1]:
-        raise ValueError(f"cannot draw k={k} distinct tokens from a vocabulary of {logq.shape[1]}")
+    if logq.ndim < 2:
+        raise ValueError(f"logq must have shape (B, V) or (B, ..., V), got {tuple(logq.shape)}")
+    if k > logq.shape[-1]:
+        raise ValueError(f"cannot draw k={k} distinct tokens from a vocabulary of {logq.shape[-1]}")
     logq = logq.double()
     if torch.isnan(logq).any() or (logq == float("inf")).any():
         raise ValueError("logq must not contain NaN or +inf")
