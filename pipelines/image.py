@@ -31,13 +31,15 @@ from diffusers.utils import BaseOutput
 
 from ..core.checks import check_positive_int, is_int
 from ..core.engine import decode
+from ..core.judge import JudgeRule
 from ..core.sampling import SamplingConfig, make_generator
 from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
 from ..core.window import prefix_rows
 from ..core.window_costs import step_policy, step_tag, window_policy
 from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, JacobiDrafter
-from ..models.feature_drafter import check_target
+from ..models.feature_drafter import check_target, weights_hash
+from ..models.judge import check_judge
 from .base import VisualSpecPipeline
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -208,8 +210,8 @@ def window_lengths(window) -> list[int]:
 # ---------------------------------------------------------------------- token decodings
 
 DRAFTS = ("jacobi", "feature", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
-DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "speculative": "draft_model",
-                  "feature": "feature"}
+DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "judge": "jacobi",
+                  "speculative": "draft_model", "feature": "feature"}
 
 TOKEN_BENCH_MODES = {
     "ar": dict(decoding="ar"),
@@ -219,6 +221,7 @@ TOKEN_BENCH_MODES = {
     "sjd+coupling+pd": dict(decoding="sjd", coupling=True, siblings=3, sibling_depth=2),
     "lantern": dict(decoding="lantern"),
     "gsd": dict(decoding="gsd"),
+    "judge": dict(decoding="judge"),
     "speculative": dict(decoding="speculative"),
     "feature": dict(decoding="feature"),
     "sjd+feature": dict(decoding="sjd", drafts="feature"),  # +feature: a relaxed rule over the feature drafter's drafts
@@ -229,10 +232,23 @@ class TokenImagePipeline(ImagePipeline):
     """An image pipeline of discrete tokens decoded by the engine: AR, SJD and the relaxed rules
     over Jacobi drafts, built by :meth:`token_decoding`. ``bench_mode`` also spells
     ``DECODING+coupling`` and ``DECODING+pd`` (proactive drafting: 3 candidates at the first 2
-    draft positions) for the decodings the family has."""
+    draft positions) for the decodings the family has, and ``lantern@DELTA`` / ``judge@THRESHOLD``."""
+
+    #: ``DECODING@VALUE`` bench modes: the setting VALUE gives (``lantern@0.2``, ``judge@0.9``)
+    bench_values = {"lantern": "lantern_delta", "judge": "judge_threshold"}
 
     @classmethod
     def bench_settings(cls, mode: str) -> dict:
+        if "@" in mode:
+            name, _, value = mode.partition("@")
+            if name not in cls.bench_values or name not in cls.bench_modes:
+                raise ValueError(f"bench mode {mode!r}: only {', '.join(m for m in cls.bench_values if m in cls.bench_modes)}"
+                                 f" take @VALUE ({cls.display_name})")
+            try:
+                number = float(value)
+            except ValueError:
+                raise ValueError(f"bench mode {mode!r}: {value!r} after @ is not a number") from None
+            return {**cls.bench_settings(name), cls.bench_values[name]: number}
         decoding, *extras = mode.split("+")
         if mode not in cls.bench_modes and decoding in cls.bench_modes and extras \
                 and len(set(extras)) == len(extras):
@@ -310,14 +326,15 @@ class TokenImagePipeline(ImagePipeline):
                        jacobi_init: str, coupling: bool, lantern_k: int = 1, lantern_delta: float | None = None,
                        lantern_lambda: float | None = None, gsd_group_size: int = 0,
                        gsd_max_distance: float | None = None, draft: tuple | None = None, feature: tuple | None = None,
-                       drafts: str | None = None):
+                       drafts: str | None = None, judge: tuple | None = None):
         """``(drafter, rule)`` of ``decoding`` for every token pipeline: Jacobi drafts for sjd,
         lantern and gsd (or ``drafts="feature"`` / ``"draft_model"``'s); a draft model's (``draft``:
         ``(model, prefix)``) for speculative; a feature drafter's (``feature``: ``(drafter network,
         target)``) for feature; the
         exact rule, or LANTERN's (``lantern_k`` nearest codes of :meth:`neighbour_table`, budget
-        ``lantern_delta`` or ``lantern_lambda``) or GSD's (groups over :meth:`code_vectors`). The
-        relaxed rules fall back to the exact one under greedy sampling."""
+        ``lantern_delta`` or ``lantern_lambda``) or GSD's (groups over :meth:`code_vectors`), or a
+        judge's (``judge``: ``(judge head, target, threshold)``, :class:`visualspec.core.judge.JudgeRule`).
+        LANTERN and GSD fall back to the exact rule under greedy sampling."""
         drafter, rule = None, default_rule(sampling)
         kind = drafts or DEFAULT_DRAFTS.get(decoding)  # None for ar
         if kind == "jacobi":
@@ -333,6 +350,10 @@ class TokenImagePipeline(ImagePipeline):
         if decoding == "gsd" and not sampling.greedy:
             rule = partial(gsd_verify, group_size=gsd_group_size, embeddings=self.code_vectors(),
                            max_distance=gsd_max_distance)
+        if decoding == "judge":
+            head, target, threshold = judge
+            check_judge(head, target, target.feature_size)
+            rule = JudgeRule(head.score, threshold, tag=weights_hash(head))
         return drafter, rule
 
     def neighbour_table(self, k: int) -> torch.Tensor:

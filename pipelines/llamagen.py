@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.checks import check_int
+from ..core.checks import check_int, check_probability
 from ..core.compiled import compiled_step
 from ..core.engine import Requests, decode
 from ..core.sampling import SamplingConfig, make_generator
@@ -29,18 +29,21 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
     ``decoding="speculative"``; an optional ``feature_drafter``
     (:class:`~visualspec.models.feature_drafter.FeatureDraftModel`, trained for this transformer by
     ``visualspec train-drafter --model``) enables ``decoding="feature"`` (EAGLE-style drafts from
-    the transformer's own features; lossless).
+    the transformer's own features; lossless); an optional ``judge``
+    (:class:`~visualspec.models.judge.JudgeHead`, trained for this transformer by ``visualspec
+    train-judge``) enables ``decoding="judge"`` (judge decoding; lossy).
     """
 
     model_cpu_offload_seq = "text_encoder->transformer->vq_model"
-    _optional_components = ["text_encoder", "tokenizer", "draft_model", "feature_drafter"]
+    _optional_components = ["text_encoder", "tokenizer", "draft_model", "feature_drafter", "judge"]
     display_name = "LlamaGen"
-    decoding_modes = ("sjd", "ar", "lantern", "gsd", "speculative", "feature")
+    decoding_modes = ("sjd", "ar", "lantern", "gsd", "judge", "speculative", "feature")
     bench_modes = TOKEN_BENCH_MODES
     default_bench_modes = ("ar", "ar+compiled", "sjd", "sjd+coupling", "lantern", "gsd")  # the fastest AR too
 
     def __init__(self, transformer: LlamaGenGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
-                 draft_model: LlamaGenGPT | None = None, feature_drafter=None, default_guidance_scale: float = 4.0,
+                 draft_model: LlamaGenGPT | None = None, feature_drafter=None, judge=None,
+                 default_guidance_scale: float = 4.0,
                  default_top_k: int = 0, default_lantern_k: int = 1000, default_lantern_delta: float = 0.1,
                  default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0,
                  default_coupling: bool = False, default_gsd_group_size: int = 3,
@@ -48,7 +51,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                  default_sibling_depth: int = 2):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
-                              tokenizer=tokenizer, draft_model=draft_model, feature_drafter=feature_drafter)
+                              tokenizer=tokenizer, draft_model=draft_model, feature_drafter=feature_drafter,
+                              judge=judge)
         # sampling defaults that belong to the model (saved in model_index.json)
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
                                 default_lantern_k=default_lantern_k, default_lantern_delta=default_lantern_delta,
@@ -98,6 +102,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         lantern_lambda: float | None = None,
         gsd_group_size: int | None = None,
         gsd_max_distance: float | None = None,
+        judge_threshold: float | None = None,
         compile="auto",
         seed: int | None = None,
         generator=None,
@@ -113,8 +118,10 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
           ``lantern_delta`` over ``lantern_k`` codebook neighbours, or ``lantern_lambda``), or
           ``"gsd"`` (Jacobi drafts with grouped acceptance, lossy, see ``gsd_group_size``), or
           ``"speculative"`` (the ``draft_model`` drafts ``window - 1`` tokens, lossless), or
-          ``"feature"`` (the ``feature_drafter`` drafts from the transformer's own features, lossless).
-        - ``drafts``: what drafts for ``"sjd"``, ``"lantern"`` and ``"gsd"``: ``"jacobi"`` (the
+          ``"feature"`` (the ``feature_drafter`` drafts from the transformer's own features, lossless),
+          or ``"judge"`` (Jacobi drafts kept where exact verification or the folder's ``judge`` accepts
+          them: judge decoding, lossy, see ``judge_threshold``).
+        - ``drafts``: what drafts for ``"sjd"``, ``"lantern"``, ``"gsd"`` and ``"judge"``: ``"jacobi"`` (the
           default), ``"feature"`` (the feature drafter: LANTERN or GSD over learned drafts) or
           ``"draft_model"``; the rule stays the decoding's.
         - ``guidance_scale``, ``top_k``, ``epsilon_cutoff``, ``lantern_k``, ``lantern_delta`` and
@@ -141,6 +148,9 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
           decoding, lossy): a draft is accepted with the target mass of its group, the tokens within
           ``gsd_group_size`` ranks of it in the target's ranking whose codebook vectors lie within
           ``gsd_max_distance`` (squared) of its own. Defaults from the folder.
+        - ``judge_threshold``: for ``decoding="judge"``, the judge score (in [0, 1]) above which a
+          draft is kept; 1 keeps none beyond the exact rule's (lossless). Default: the judge's own
+          (chosen when it was trained). The stats' ``judged_tokens`` count the drafts it kept.
         - ``compile``: run the target's decode step through ``torch.compile`` (True), eagerly
           (False), or ``"auto"``: compiled only where measurements stored on this machine say it
           pays in this call (see ``compiled_step``; a first compiled call measures them). Greedy
@@ -154,9 +164,13 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                                  gsd_max_distance=gsd_max_distance, guidance_scale=guidance_scale)
         self.check_inputs(decoding, output_type, window, num_images_per_prompt, batch_size, d["jacobi_init"],
                           d["coupling"], d["lantern_k"], d["lantern_delta"], lantern_lambda, d["gsd_group_size"],
-                          d["gsd_max_distance"], d["siblings"], d["sibling_depth"], drafts)
+                          d["gsd_max_distance"], d["siblings"], d["sibling_depth"], drafts, judge_threshold)
         drafts = drafts or DEFAULT_DRAFTS.get(decoding)
         features = drafts == "feature"
+        judge = None
+        if decoding == "judge":
+            judge = (self.judge, self.transformer,
+                     self.judge.config.threshold if judge_threshold is None else judge_threshold)
         sampling = SamplingConfig(temperature=temperature, top_k=d["top_k"], top_p=top_p,
                                   guidance_scale=d["guidance_scale"], epsilon_cutoff=d["epsilon_cutoff"])
 
@@ -181,7 +195,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
             coupling=d["coupling"], lantern_k=min(d["lantern_k"], vocab - 1), lantern_delta=d["lantern_delta"],
             lantern_lambda=lantern_lambda, gsd_group_size=d["gsd_group_size"],
             gsd_max_distance=d["gsd_max_distance"], draft=draft,
-            feature=(self.feature_drafter, model) if features else None, drafts=drafts)
+            feature=(self.feature_drafter, model) if features else None, drafts=drafts, judge=judge)
         siblings, sibling_depth = d["siblings"], d["sibling_depth"]
         tree = drafter is not None and siblings > 1 and sibling_depth > 0
         compiled = compiled_step(model, compile, lambda r: prefix_of(model, list(range(r))), num_tokens, rows, slots)
@@ -193,8 +207,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if compiled:  # every window the decode (and its window search) can step with, before timing them
             model.precompile(prefix_of(model, list(range(slots))), num_tokens,
                              [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
-                             **({"features": True} if features else {}))
-            if auto and features:  # plain AR's step too, should no window beat it
+                             **({"features": True} if features or judge else {}))
+            if auto and (features or judge):  # plain AR's step too, should no window beat it
                 model.precompile(prefix_of(model, list(range(slots))), num_tokens, [1])
         if auto and tree:  # sibling-tree steps: forward tables (a draft model's drafts priced with them)
             window = self.last_window_policy = window_policy(
@@ -227,20 +241,20 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
 
     def check_inputs(self, decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
                      lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance, siblings=1,
-                     sibling_depth=2, drafts=None) -> None:
+                     sibling_depth=2, drafts=None, judge_threshold=None) -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         self.check_token_options(decoding, window, jacobi_init, coupling, lantern_k, lantern_delta, lantern_lambda)
         self.check_common(output_type, num_images_per_prompt, batch_size)
         check_int("siblings", siblings, 1)
         check_int("sibling_depth", sibling_depth, 0)
-        if siblings > 1 and decoding in ("lantern", "gsd"):
+        if siblings > 1 and decoding in ("lantern", "gsd", "judge"):
             raise ValueError(f"siblings (proactive drafting) are verified exactly; decoding={decoding!r} is relaxed: "
                              f"use 'sjd' or 'speculative', or siblings=1")
         if drafts is not None:
             if drafts not in DRAFTS:
                 raise ValueError(f"unknown drafts {drafts!r}; choose one of {DRAFTS}")
             if decoding in ("ar", "speculative", "feature") and drafts != DEFAULT_DRAFTS.get(decoding):
-                raise ValueError(f"drafts={drafts!r} is for decoding 'sjd', 'lantern' or 'gsd'; decoding={decoding!r} "
+                raise ValueError(f"drafts={drafts!r} is for decoding 'sjd', 'lantern', 'gsd' or 'judge'; decoding={decoding!r} "
                                  + ("makes no drafts" if decoding == "ar" else f"drafts with its {DEFAULT_DRAFTS[decoding]}"))
         drafts = drafts or DEFAULT_DRAFTS.get(decoding)
         if drafts == "draft_model" and self.draft_model is None:
@@ -252,6 +266,13 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                              "decode with Jacobi drafts ('sjd')")
         if drafts == "feature" and siblings > 1:
             raise ValueError("feature drafts are chains; proactive drafting (siblings > 1) needs siblings=1")
+        if decoding == "judge" and self.judge is None:
+            raise ValueError("decoding='judge' needs a judge (visualspec train-judge); load one with "
+                             "from_pretrained(..., judge=JudgeHead.from_pretrained(folder)), or decode with 'sjd'")
+        if judge_threshold is not None:
+            if decoding != "judge":
+                raise ValueError(f"judge_threshold is for decoding='judge', not {decoding!r}")
+            check_probability("judge_threshold", judge_threshold)
         if decoding == "gsd":
             check_int("gsd_group_size", gsd_group_size, 0)
             if gsd_max_distance is not None and not gsd_max_distance >= 0:
@@ -266,7 +287,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         return codebook.to(self.device)
 
     def available_decodings(self) -> tuple[str, ...]:
-        missing = {"speculative": self.draft_model is None, "feature": self.feature_drafter is None}
+        missing = {"speculative": self.draft_model is None, "feature": self.feature_drafter is None,
+                   "judge": self.judge is None}
         return tuple(m for m in self.decoding_modes if not missing.get(m, False))
 
     def load_draft_model(self, folder: str) -> None:

@@ -4,7 +4,8 @@ statistics and the losslessness harness.
 
 - ``checks``: the integer checks every layer shares;
 - ``sampling``: logits -> the distributions drafts are sampled from and verified against;
-- ``verify``: acceptance rules (speculative, greedy, typical, LANTERN, GSD) and the default rule;
+- ``verify``: acceptance rules (speculative, greedy, typical, LANTERN, GSD, judge) and the default rule;
+- ``judge``: judge decoding's rule object, which reads the target's features at the drafts;
 - ``multidraft``: multi-draft rules (SpecTr, RSD, recursive i.i.d.), exact acceptance;
 - ``proactive``: sibling trees (SJD-PAC's proactive drafting): layout, candidates, the exact walk;
 - ``constraints``: structural tokens forced at fixed positions, allowed tokens elsewhere;

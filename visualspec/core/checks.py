@@ -27,3 +27,10 @@ def check_positive_int(name: str, value, *, optional: bool = False):
     """``value`` if it is an integer >= 1 (None too when ``optional``), else a ValueError naming
     ``name`` (see :func:`check_int`)."""
     return check_int(name, value, 1, optional=optional)
+
+
+def check_probability(name: str, value) -> float:
+    """``value`` as a float in [0, 1] (a probability, a threshold on one), else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)

@@ -272,17 +272,17 @@ def decode(
         else:
             logits, features = run.forward_window(drafts)
             target_probs = run.probs(logits, rows.positions(k + 1))
-            verdict, committed = rule(drafts, draft_probs, target_probs, gens), drafts
+            verdict, committed = run.verify(drafts, draft_probs, target_probs, features), drafts
         run.step_done()
         # commit the accepted drafts and the emitted token; keep the cache and the drafter in step
-        counts = run.commit(committed, verdict.num_accepted, verdict.next_tokens)
+        counts = run.commit(committed, verdict.num_accepted, verdict.next_tokens, verdict.judged)
         if search is not None:
             search.observe(k + 1, verdict.num_accepted + 1, tree=siblings_now)
         if tree_step:
             run.keep(path, counts)
         else:
             run.crop(n, counts)
-        if features is not None:
+        if features is not None and run.drafter_features:
             drafter.observe(n, counts, target_probs, gens, features=features)
         elif drafter is not None:
             drafter.observe(n, counts, target_probs, gens)

@@ -45,6 +45,7 @@ class _Rows:
         # token ids (b, N), or continuous tokens (b, N, *token_shape)
         self.seq = torch.zeros(b, num_tokens, *token_shape, dtype=dtype, device=device)
         self.fixed = torch.zeros(b, num_tokens, dtype=torch.long, device=device)
+        self.judged = torch.zeros(b, num_tokens, dtype=torch.bool, device=device)  # kept by a judge alone
         self.forwards = torch.ones(b, dtype=torch.long, device=device)
 
     def __len__(self):
@@ -71,9 +72,11 @@ class _Rows:
         """The positions n..n+length-1 of each row: (b, length)."""
         return self.n[:, None] + torch.arange(length, device=self.n.device)
 
-    def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
+    def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
+               judged: torch.Tensor | None = None) -> torch.Tensor:
         """Commit, per row, the ``accepted`` first of ``drafts`` (b, K, ...) and then ``emitted``
-        (b, ...), at most the tokens the row has left, at its positions n..; returns the counts (b,)."""
+        (b, ...), at most the tokens the row has left, at its positions n..; returns the counts (b,).
+        ``judged`` (b, K) bool marks the drafts a judge alone accepted (kept in :attr:`judged`)."""
         trailing = emitted.shape[1:]  # continuous tokens carry their values along
         candidates = torch.cat([drafts, emitted[:, None]], 1)
         at = accepted.view(-1, 1, *[1] * len(trailing)).expand(-1, 1, *trailing)
@@ -87,6 +90,8 @@ class _Rows:
         values = candidates.gather(1, index)
         self.seq = torch.where(write.view(*write.shape, *[1] * len(trailing)), values, self.seq)
         self.fixed = torch.where(write, self.forwards[:, None], self.fixed)
+        if judged is not None:
+            self.judged |= write & torch.cat([judged, torch.zeros_like(judged[:, :1])], 1).gather(1, index)
         self.n = self.n + counts
         self.most = min(self.N, self.most + candidates.shape[1])
         return counts
@@ -131,10 +136,11 @@ class _Rows:
         self.seq[rows, 0] = first
         self.fixed[rows] = 0
         self.fixed[rows, 0] = 1
+        self.judged[rows] = False
         self.forwards[rows] = 1
 
     def select(self, rows: torch.Tensor) -> None:
-        for name in ("req", "n", "seq", "fixed", "forwards"):
+        for name in ("req", "n", "seq", "fixed", "judged", "forwards"):
             setattr(self, name, getattr(self, name)[rows])
         self.req_ids = [self.req_ids[i] for i in rows.tolist()]
 
@@ -175,9 +181,13 @@ class _Run:
                     raise TypeError(f"{type(target).__name__} has no {name}(); continuous batching (Requests) "
                                     f"needs a token model that can replace and drop rows")
             prefix = requests.prefix(list(range(min(requests.slots, requests.count))))
-        self.features = drafter is not None and getattr(drafter, "wants_features", False)
+        # the target returns its features where the drafter or the rule reads them (wants_features)
+        self.drafter_features = drafter is not None and getattr(drafter, "wants_features", False)
+        self.rule_features = getattr(rule, "wants_features", False)
+        self.features = self.drafter_features or self.rule_features
         if self.features and not hasattr(target, "feature_size"):
-            raise TypeError(f"{type(drafter).__name__} reads the target's features, but {type(target).__name__} "
+            reader = type(drafter if self.drafter_features else rule).__name__
+            raise TypeError(f"{reader} reads the target's features, but {type(target).__name__} "
                             f"cannot return them (it has no features=True and feature_size)")
         out = target.prefill(prefix, num_tokens, **self._feature_flag)
         if self.features:
@@ -192,6 +202,7 @@ class _Run:
         self.next_request = rows_in_model
         self.tokens = first.new_empty(total, num_tokens, *first.shape[1:])
         self.fixed_at = torch.empty(total, num_tokens, dtype=torch.long)
+        self.judged_at = torch.zeros(total, num_tokens, dtype=torch.bool) if self.rule_features else None
         self.row_forwards = torch.empty(total, dtype=torch.long)
         self.stats = DecodeStats(mode=mode, batch_size=total, num_tokens=num_tokens, target_forwards=1,
                                  slots=rows_in_model)
@@ -199,15 +210,16 @@ class _Run:
         self._count_first(rows_in_model)
         if drafter is not None:
             drafter.start(rows_in_model, num_tokens, sampling)
-            if self.features:
+            if self.drafter_features:
                 drafter.prefix_features(prefix_features)
         self._report(torch.ones(rows_in_model, dtype=torch.long))
         self.finish_rows()
 
     @property
     def _feature_flag(self) -> dict:
-        """The keyword that makes the target return its features too, where the drafter reads them
-        (``wants_features``); none otherwise, so models without features run as they always did."""
+        """The keyword that makes the target return its features too, where the drafter or the rule
+        reads them (``wants_features``); none otherwise, so models without features run as they
+        always did."""
         return {"features": True} if self.features else {}
 
     def first_tokens(self, out: torch.Tensor, generator: Generator) -> torch.Tensor:
@@ -283,6 +295,15 @@ class _Run:
                                          **self._feature_flag)
         return out if self.features else (out, None)
 
+    def verify(self, drafts: torch.Tensor, draft_probs, target_probs: torch.Tensor, features):
+        """The rule's verdict on ``drafts``; a rule that reads the target's features (a judge) gets
+        the window's (``features``, model rows) of the sample rows, the conditional half under
+        guidance: (b, K + 1, D)."""
+        if not self.rule_features:
+            return self.rule(drafts, draft_probs, target_probs, self.rows.generator)
+        return self.rule(drafts, draft_probs, target_probs, self.rows.generator,
+                         features=features[:len(self.rows)])
+
     def step_done(self) -> None:
         """A target forward ran: count it, for every row still decoding."""
         self.rows.forwards += (self.rows.n < self.N).long()
@@ -297,11 +318,13 @@ class _Run:
             counts[rows] = 1
             self.stats.stopped_tokens += self.rows.stop(self.stop_token, torch.zeros_like(counts), counts)
 
-    def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> torch.Tensor:
-        """The shared commit step (:meth:`_Rows.commit`): tokens, acceptance map, statistics,
-        progress; a row that commits the stop token ends (:meth:`_Rows.stop`). Returns the counts (b,)."""
+    def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
+               judged: torch.Tensor | None = None) -> torch.Tensor:
+        """The shared commit step (:meth:`_Rows.commit`): tokens, acceptance map (and where a judge
+        alone kept drafts), statistics, progress; a row that commits the stop token ends
+        (:meth:`_Rows.stop`). Returns the counts (b,)."""
         start = self.rows.n
-        counts = self.rows.commit(drafts, accepted, emitted)
+        counts = self.rows.commit(drafts, accepted, emitted, judged)
         if self.stop_token is not None:
             self.stats.stopped_tokens += self.rows.stop(self.stop_token, start, counts)
         if self.constraints is not None:
@@ -330,6 +353,8 @@ class _Run:
         req = self.rows.req[rows]
         self.tokens[req] = self.rows.seq[rows]
         self.fixed_at[req] = self.rows.fixed[rows].cpu()
+        if self.judged_at is not None:
+            self.judged_at[req] = self.rows.judged[rows].cpu()
         self.row_forwards[req] = self.rows.forwards[rows].cpu()
 
     def finish_rows(self) -> None:
@@ -355,7 +380,7 @@ class _Run:
             self._count_first(len(slots))
             if self.drafter is not None:
                 self.drafter.reset(slots, ids)
-                if self.features:
+                if self.drafter_features:
                     self.drafter.prefix_features(prefix_features, slots)
             self._report(torch.ones(len(slots), dtype=torch.long))
             done = rows.n >= self.N
@@ -375,6 +400,8 @@ class _Run:
     def result(self) -> tuple[torch.Tensor, DecodeStats]:
         """The tokens of every row (request), in order, and the call's statistics."""
         self._flush_report()
+        if self.judged_at is not None:
+            self.stats.judged_at, self.stats.judged_tokens = self.judged_at, int(self.judged_at.sum())
         if self._counts:  # finished rows kept idle commit 0
             counts = torch.cat(self._counts)
             self.stats.accepted_lengths.extend(counts[counts > 0].tolist())

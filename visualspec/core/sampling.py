@@ -213,9 +213,15 @@ def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
     Inverse-CDF sampling in float64 with one uniform per draw: it never returns a token of zero
     probability, works with per-row generators and is reproducible for a given generator state.
     """
-    u = uniform(probs.shape[:-1], generator, device=probs.device)
+    return inverse_cdf(probs, uniform(probs.shape[:-1], generator, device=probs.device))
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token of each distribution of ``probs`` (B, ..., V) at quantile ``u`` (B, ...) in [0, 1):
+    the first token whose cumulative probability (float64) exceeds ``u`` times the total. Monotone in
+    ``u``, so rows given the same ``u`` under nearby distributions mostly draw the same token."""
     cdf = probs.double().cumsum(-1)
-    target = (u * cdf[..., -1]).unsqueeze(-1)
+    target = (u.double() * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
 

@@ -46,6 +46,8 @@ class DecodeStats:
     sibling_steps: int = 0  # proactive drafting: row-steps whose accepted path went through a sibling
     structural_tokens: int = 0  # tokens fixed by the layout (row ends, end of image), never drafted freely
     stopped_tokens: int = 0  # positions after a sequence's stop token (text's EOS): filled, not generated
+    judged_tokens: int = 0  # judge decoding: drafts kept by the judge alone (the exact rule rejected them)
+    judged_at: torch.Tensor | None = None  # judge decoding: (batch_size, num_tokens) bool, where those are
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -90,10 +92,11 @@ class DecodeStats:
     def to_dict(self) -> dict:
         """The counts and summaries as JSON-able values (the continuous-token counts only where a
         draft was scored, the sibling and structural counts only where there were any)."""
-        skip = ("fixed_at", "accepted_lengths", "row_forwards")
+        skip = ("fixed_at", "accepted_lengths", "row_forwards", "judged_at")
         if not self.drafts_proposed:
             skip += CONTINUOUS_COUNTS
-        skip += tuple(name for name in ("sibling_steps", "structural_tokens", "stopped_tokens") if not getattr(self, name))
+        skip += tuple(name for name in ("sibling_steps", "structural_tokens", "stopped_tokens", "judged_tokens")
+                      if not getattr(self, name))
         d = {k: v for k, v in asdict(self).items() if k not in skip}
         d.update(
             forwards_per_sequence=round(self.forwards_per_sequence, 3),
@@ -124,7 +127,8 @@ class DecodeStats:
         return self.fixed_at[index].view(height, width).cpu().numpy()
 
     def acceptance_map_image(self, height: int, width: int, scale: int = 8, index: int = 0):
-        """Render the acceptance map as a PIL image: dark = fixed early, bright = fixed late.
+        """Render the acceptance map as a PIL image: dark = fixed early, bright = fixed late; under
+        judge decoding the drafts the judge alone kept are red.
 
         Tokens fixed in the same forward as their left neighbour were accepted drafts, so long runs
         of one colour along a row show where speculation paid off.
@@ -139,6 +143,8 @@ class DecodeStats:
         lo = np.floor(x).astype(int).clip(0, len(stops) - 2)
         t = (x - lo)[..., None]
         rgb = stops[lo] * (1 - t) + stops[lo + 1] * t
+        if self.judged_at is not None:
+            rgb[self.judged_at[index].view(height, width).cpu().numpy()] = (230, 40, 40)
         img = Image.fromarray(rgb.round().astype(np.uint8), "RGB")
         return img.resize((width * scale, height * scale), Image.NEAREST)
 

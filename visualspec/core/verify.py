@@ -18,7 +18,8 @@ emit at position ``a`` (the residual sample after a rejection, or the bonus toke
 
 Lossless rules (:func:`speculative_verify`, :func:`greedy_verify`) emit sequences with exactly the
 target's distribution; :func:`lantern_verify` is lossy with a per-step total-variation budget, and
-:func:`typical_verify` (Medusa's typical acceptance) is lossy without one.
+:func:`typical_verify` (Medusa's typical acceptance) and :func:`judge_verify` (a learned judge) are
+lossy without one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .checks import check_int
+from .checks import check_int, check_probability
 from .sampling import Generator, SamplingConfig, sample, uniform
 
 
@@ -36,6 +37,7 @@ from .sampling import Generator, SamplingConfig, sample, uniform
 class Verdict:
     num_accepted: torch.Tensor  # (B,) long, in 0..K
     next_tokens: torch.Tensor  # (B,) long, the token at position num_accepted
+    judged: torch.Tensor | None = None  # (B, K) bool: accepted drafts only a judge accepted (judge_verify)
 
 
 Rule = Callable[..., Verdict]  # rule(draft_tokens, draft_probs, target_probs, generator) -> Verdict
@@ -106,20 +108,28 @@ def _autoregressive_step(target_probs, generator) -> Verdict:
     return _emit(none, target_probs[:, 0], target_probs, generator)
 
 
-def _verify_against(draft_tokens, draft_probs, target_probs, generator, target_mass, stop_target) -> Verdict:
+def _verify_against(draft_tokens, draft_probs, target_probs, generator, target_mass, stop_target,
+                    also=None) -> Verdict:
     """Speculative sampling against a target given by its mass at each draft token (B, K) and
     ``stop_target(stop, x_stop)``, its distribution (B, V) at the stop row: accept x_i with
-    ``min(1, target_mass_i / q_i(x_i))``; at the first rejection sample from
-    ``norm(max(target - q, 0))``; after K acceptances a bonus token from ``target_probs[:, K]``."""
+    ``min(1, target_mass_i / q_i(x_i))`` (or where ``also`` (B, K) bool is set); at the first
+    rejection sample from ``norm(max(target - q, 0))``; after K acceptances a bonus token from
+    ``target_probs[:, K]``."""
     K = draft_tokens.shape[1]
     q_x = _draft_prob_of_token(draft_tokens, draft_probs)
     u = uniform(draft_tokens.shape, generator, device=draft_tokens.device)
     accept = (q_x > 0) & (u * q_x.double() < target_mass.double())
+    exact = accept
+    if also is not None:
+        accept = accept | also
     a = leading_true(accept)
     stop = a.clamp(max=K - 1)
     x_stop = _row_at(draft_tokens, stop)
     q_stop = point_mass(x_stop, target_probs.shape[-1]) if draft_probs is None else _row_at(draft_probs, stop)
-    return _emit(a, residual(stop_target(stop, x_stop), q_stop), target_probs, generator)
+    verdict = _emit(a, residual(stop_target(stop, x_stop), q_stop), target_probs, generator)
+    if also is not None:
+        verdict.judged = (torch.arange(K, device=a.device) < a.unsqueeze(-1)) & ~exact
+    return verdict
 
 
 def greedy_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None) -> Verdict:
@@ -158,6 +168,35 @@ def typical_verify(draft_tokens, draft_probs, target_probs, generator: Generator
     p_x = p.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     a = leading_true(p_x > threshold)
     return _emit(a, _row_at(target_probs, a.clamp(max=K - 1)), target_probs, generator)
+
+
+def judge_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,
+                 scores: torch.Tensor, threshold: float) -> Verdict:
+    """Judge decoding (Bachmann et al., ICLR 2025). Lossy.
+
+    ``scores`` (B, K) in [0, 1] is a learned judge's belief that draft x_i is harmless (see
+    :class:`visualspec.core.judge.JudgeRule`). Accept x_i while
+
+        speculative sampling accepts it (``u_i q_i(x_i) < p_i(x_i)``; argmax matching when p is
+        one-hot, i.e. greedy)   or   ``scores_i > threshold``;
+
+    at the first position a that both reject, emit the exact rule's residual sample
+    ``norm(max(p_a - q_a, 0))`` and stop; after K acceptances a bonus token from p_K.
+
+    What it guarantees: every token the exact rule accepts is accepted, so a step commits at least
+    as many tokens as :func:`speculative_verify` with the same uniforms; ``threshold = 1`` (no score
+    exceeds it) is exactly that rule, lossless. What it does not: with a lower threshold the output
+    law differs from the target's by whatever the judge lets through (no total-variation bound, unlike
+    LANTERN); its cost is measured on the outcome the judge was trained for, not bounded.
+    """
+    threshold = check_probability("the judge's threshold", threshold)
+    if draft_tokens.shape[1] == 0:
+        return _autoregressive_step(target_probs, generator)
+    if scores.shape != draft_tokens.shape:
+        raise ValueError(f"scores must have the drafts' shape {tuple(draft_tokens.shape)}, got {tuple(scores.shape)}")
+    p_x = target_probs[:, :-1].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    return _verify_against(draft_tokens, draft_probs, target_probs, generator, p_x,
+                           lambda stop, x_stop: _row_at(target_probs, stop), also=scores > threshold)
 
 
 # ----------------------------------------------------------------------------------------------

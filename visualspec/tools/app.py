@@ -313,7 +313,7 @@ def build_demo(pipe, world=None):
                     compare = gr.Button("AR vs SJD", elem_id="compare")
                 with gr.Column():
                     image = gr.Image(label="Image", type="pil", elem_id="image")
-                    amap = gr.Image(label="Acceptance map (dark: fixed early)", type="pil")
+                    amap = gr.Image(label="Acceptance map (dark: fixed early; red: kept by the judge)", type="pil")
                     stats = gr.Code(label="Decode statistics", language="json", elem_id="stats")
             with gr.Row():
                 ar_image = gr.Image(label="AR", type="pil", elem_id="ar-image")

@@ -82,6 +82,8 @@ IMAGE_OPTIONS = (
                          f"model's own)"),
     ("lantern_k", int, "LANTERN's neighbourhood (default: the model's own)"),
     ("lantern_delta", float, "LANTERN's budget (default: the model's own)"),
+    ("judge_threshold", float, "--decoding judge: the judge score above which a draft is kept, in [0, 1] (default: "
+                               "the judge's own)"),
     ("gamma", int, "continuous tokens: drafts per step (default: the folder's)"),
     ("prefill", float, "continuous tokens: share of tokens the target draws alone first (default: the folder's)"),
     ("num_steps", int, "continuous tokens: the diffusion head's sampling steps per token (default: the model's)"),
@@ -106,7 +108,7 @@ def add_image_options(p, decoding: bool = True) -> None:
                         "folder, or its GPT folder)")
     if decoding:
         p.add_argument("--decoding", default=None,
-                       help="the pipeline's decodings (LlamaGen: sjd, ar, lantern, gsd, speculative, feature; unified: sjd, "
+                       help="the pipeline's decodings (LlamaGen: sjd, ar, lantern, gsd, judge, speculative, feature; unified: sjd, "
                             "ar, lantern; continuous tokens: ar, cspd; MAR: ar); default: the model's own")
     for name, kind, text in IMAGE_OPTIONS:
         p.add_argument(flag(name), dest=name, type=kind, default=None, help=text,

@@ -48,6 +48,16 @@ def register(sub, common) -> None:
                                              "800 distill)")
     t.set_defaults(func=checked(train_drafter))
 
+    t = sub.add_parser("train-judge", parents=[common],
+                       help="train a judge for judge decoding on a shapes-world LlamaGen pipeline: labels mined by "
+                            "finishing images with and without each rejected draft (#51)")
+    t.add_argument("--model", default=None, help="the pipeline folder (default: the shipped assets/shapes-t2i)")
+    t.add_argument("--out", required=True, help="judge folder to write (e.g. assets/shapes-t2i/judge)")
+    t.add_argument("--work-dir", default=str(home() / "train-judge"), help="checkpoints; rerun to resume")
+    t.add_argument("--prompts-per-task", type=int, help="training prompts per GenEval task (the shipped recipe: 100)")
+    t.add_argument("--hidden", type=int, help="hidden width of the head (0: logistic regression, the shipped recipe)")
+    t.set_defaults(func=checked(train_judge))
+
     for name, func, what, out, seeded in (
             ("train-continuous", train_continuous, "train a continuous-token target and draft on the shapes world "
              "(CSpD)", "pipeline folder to write (target, draft, KL autoencoder, text encoder)", True),
@@ -163,6 +173,15 @@ def train_drafter(args) -> int:
         train_image_feature_drafter(args.model, args.out, args.work_dir, ImageFeatureDrafterConfig(**overrides))
     else:
         train_text_feature_drafter(args.pair, args.out, args.work_dir, FeatureDrafterConfig(**overrides))
+    return 0
+
+
+def train_judge(args) -> int:
+    from ...training.judge import JudgeConfig, train_judge as train
+
+    overrides = {k: getattr(args, k) for k in ("prompts_per_task", "hidden") if getattr(args, k) is not None}
+    train(args.model, args.out, args.work_dir, JudgeConfig(**overrides))
+    print(args.out)
     return 0
 
 
