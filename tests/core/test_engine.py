@@ -179,7 +179,8 @@ def test_merged_stats_add_counts_and_join_records_of_every_field():
         return DecodeStats(mode="cspd", batch_size=n, num_tokens=4, target_forwards=base, draft_forwards=base + 1,
                            wall_time_s=base + 0.5, accepted_lengths=[base] * n, fixed_at=torch.full((n, 4), base),
                            row_forwards=torch.full((n,), base), slots=n, residual_proposals=base + 2,
-                           residual_fallbacks=base + 3, drafts_proposed=base + 4, drafts_accepted=base + 5)
+                           residual_fallbacks=base + 3, drafts_proposed=base + 4, drafts_accepted=base + 5,
+                           judged_tokens=base + 6, judged_at=torch.full((n, 4), base % 2 == 0))
 
     a, b = part(2, 10), part(3, 20)
     m = merge_decode_stats([a, b])
