@@ -233,14 +233,20 @@ def weights_hash(model: torch.nn.Module) -> str:
     return _hashes[model][1]
 
 
-def check_target(drafter: FeatureDraftModel, target_model: torch.nn.Module, feature_size: int) -> None:
-    """A drafter must read features of its width and should have been trained against this target
-    (its ``target_hash``, when recorded): a mismatch is an error that names both."""
-    if drafter.config.feature_size != feature_size:
-        raise ValueError(f"the feature drafter reads features of width {drafter.config.feature_size}, but the "
+def check_trained_for(what: str, model: torch.nn.Module, target_model: torch.nn.Module, feature_size: int,
+                      command: str) -> None:
+    """A model that reads a target's features (a feature drafter, a judge: ``what``) must read
+    features of the target's width and should have been trained against this target (its config's
+    ``target_hash``, when recorded): a mismatch is an error that names both, and ``command``."""
+    if model.config.feature_size != feature_size:
+        raise ValueError(f"the {what} reads features of width {model.config.feature_size}, but the "
                          f"target's are {feature_size} wide: it was trained for another target")
-    recorded = drafter.config.target_hash
+    recorded = model.config.target_hash
     if recorded and recorded != weights_hash(target_model):
-        raise ValueError(f"the feature drafter was trained against a target whose weights hash to {recorded}; "
-                         f"this target's hash to {weights_hash(target_model)}. Train one for it "
-                         f"(visualspec train-drafter)")
+        raise ValueError(f"the {what} was trained against a target whose weights hash to {recorded}; "
+                         f"this target's hash to {weights_hash(target_model)}. Train one for it ({command})")
+
+
+def check_target(drafter: FeatureDraftModel, target_model: torch.nn.Module, feature_size: int) -> None:
+    """:func:`check_trained_for` a feature drafter."""
+    check_trained_for("feature drafter", drafter, target_model, feature_size, "visualspec train-drafter")

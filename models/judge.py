@@ -21,7 +21,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .feature_drafter import weights_hash
+from .feature_drafter import check_trained_for
 
 EXTRA_INPUTS = 2  # log p(x) and the entropy of p, beside the feature
 
@@ -74,12 +74,5 @@ class JudgeHead(ModelMixin, ConfigMixin):
 
 
 def check_judge(judge: JudgeHead, target_model: torch.nn.Module, feature_size: int) -> None:
-    """A judge must read features of the target's width and have been trained against this target
-    (its ``target_hash``, when recorded): a mismatch is an error that names both."""
-    if judge.config.feature_size != feature_size:
-        raise ValueError(f"the judge reads features of width {judge.config.feature_size}, but the target's are "
-                         f"{feature_size} wide: it was trained for another target")
-    recorded = judge.config.target_hash
-    if recorded and recorded != weights_hash(target_model):
-        raise ValueError(f"the judge was trained against a target whose weights hash to {recorded}; this "
-                         f"target's hash to {weights_hash(target_model)}. Train one for it (visualspec train-judge)")
+    """:func:`~visualspec.models.feature_drafter.check_trained_for` a judge."""
+    check_trained_for("judge", judge, target_model, feature_size, "visualspec train-judge")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import tiny_llamagen
-from drafters.harness import PLAIN, RAGGED_GUIDED as GUIDED
+from drafters.harness import PLAIN, RAGGED_GUIDED as GUIDED, NoFeatures
 from drafters.harness import class_labels as _labels, generators as _generators, jacobi as _jacobi
 from visualspec.core.engine import Requests, decode
 from visualspec.core.judge import JudgeRule
@@ -286,15 +286,6 @@ def test_a_judge_decodes_ragged_rows_alike_in_a_batch_and_in_a_queue(sampling, s
 
 
 def test_the_rule_is_refused_where_it_cannot_read_features():
-    class NoFeatures:  # a token model that only gives logits
-        vocab_size = 16
-
-        def __init__(self):
-            self.model = tiny_llamagen(vocab_size=16, block_size=16)
-
-        def prefill(self, prefix, n):
-            return self.model.prefill(prefix, n)
-
     with pytest.raises(TypeError, match="JudgeRule reads the target's features, but NoFeatures cannot return them"):
         decode(NoFeatures(), torch.tensor([0]), 4, SamplingConfig(), drafter=_jacobi(), rule=JudgeRule(_ones, 0.5),
                window=2)

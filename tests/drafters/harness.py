@@ -5,7 +5,7 @@ Jacobi drafter) and the feature drafters' (left-padded prompts, a small network)
 import pytest
 import torch
 
-from conftest import tiny_hf
+from conftest import tiny_hf, tiny_llamagen
 from visualspec.core.sampling import SamplingConfig
 from visualspec.core.verify import Verdict
 from visualspec.drafters import JacobiDrafter
@@ -108,3 +108,14 @@ def drafter_net(target: HFCausalLM, seed=0, dtype=torch.float64, cls=FeatureDraf
     for p in net.parameters():
         torch.nn.init.normal_(p, std=0.3)
     return net.to(dtype).eval()
+
+
+class NoFeatures:
+    """A token model that only gives logits (no ``feature_size``): what a feature reader refuses."""
+    vocab_size = 16
+
+    def __init__(self):
+        self.model = tiny_llamagen(vocab_size=16, block_size=16)
+
+    def prefill(self, prefix, n):
+        return self.model.prefill(prefix, n)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import (N, V, drafter_net, prompt_prefix, ragged_greedy_ar, ragged_prompts,
+from drafters.harness import (N, V, NoFeatures, drafter_net, prompt_prefix, ragged_greedy_ar, ragged_prompts,
                              reporting_uniform_law)
 from visualspec.core.engine import Requests, decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
@@ -175,17 +175,6 @@ def test_a_draft_vocabulary_is_checked():
 
 
 def test_a_target_without_features_is_named():
-    from conftest import tiny_llamagen
-
-    class NoFeatures:  # a token model that only gives logits
-        vocab_size = 16
-
-        def __init__(self):
-            self.model = tiny_llamagen(vocab_size=16, block_size=16)
-
-        def prefill(self, prefix, n):
-            return self.model.prefill(prefix, n)
-
     net = drafter_net(HFCausalLM(tiny_hf("llama")))
     with pytest.raises(TypeError, match="reads the target's features, but NoFeatures cannot return them"):
         decode(NoFeatures(), torch.tensor([0]), 4, SamplingConfig(), drafter=FeatureDrafter(net, None), window=2)
