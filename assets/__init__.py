@@ -6,6 +6,7 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent
 SHAPES_T2I = ASSETS / "shapes-t2i"  # the default text-to-image pipeline (shapes world)
+SHAPES_ANY_ORDER = ASSETS / "shapes-any-order"  # the any-order shapes model (ASSD, infilling; #52)
 SHAPES_LUMINA = ASSETS / "shapes-lumina"  # a Lumina-layout model of the shapes world (transformers' Chameleon)
 SHAPES_FID = ASSETS / "shapes-fid"  # the FID-shapes feature network and its reference statistics
 ARENA_NFD = ASSETS / "arena-nfd"  # the arena world model (next-frame video pipeline)

@@ -491,14 +491,14 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         compiles inside a decode (or a timed call). When one is missing, runs a prefill and
         leaves junk in the cache: prefill again before decoding."""
         cond = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
-        rows, cls = cond.shape[0], self.config.cls_token_num
+        rows, cls = cond.shape[0], self._prefix_length(prefix)
         total = cls + max_new_tokens
         dtype = self.tok_embeddings.weight.dtype
         lengths = sorted({int(w) for w in windows if 1 <= w <= min(max_new_tokens, COMPILED_WINDOWS)})
         buckets = [(window, attended) for window in lengths
                    for attended in sorted({bucket_slots(n, total) for n in range(cls + window, total + 1)})]
         todo = [(window, attended) for window, attended in buckets
-                if _bucket(rows, window, attended, total, total, dtype, cond.device, features)
+                if _bucket(rows, window, attended, total, total + self._scratch_slots, dtype, cond.device, features)
                 not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)
@@ -515,7 +515,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         # the slots up to the furthest position, in a bucket: read on a CPU, where the read is free and
         # attention over unused slots is not; a GPU attends them all, which costs it nothing measurable
         # (docs/experiments/2026-11-26-gpu-h200.md), rather than wait for the device every step
-        attended = (bucket_slots(self.config.cls_token_num + int(pos.max()) + 1, total) if pos.device.type == "cpu"
+        attended = (bucket_slots(self._image_start + int(pos.max()) + 1, total) if pos.device.type == "cpu"
                     else total)
         if rows > B:
             tokens = torch.cat([tokens, tokens.new_zeros(rows - B, *tokens.shape[1:])])
@@ -586,7 +586,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             allowed = self._attention_mask(input_pos, key_valid[:, :S])
         # additive, made once for every layer (the fused kernel would convert a bool mask per call)
         mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
-        rope = rotary(self.rope.to(x.device)[input_pos], x.dtype)
+        rope = rotary(self._rope(input_pos, rows), x.dtype)
         k_all, v_all = self._cache
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos if slots is None else slots)
@@ -594,6 +594,23 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             states = self.norm(x)
             return self.head(states), states
         return self._logits(x)
+
+    #: cache slots after the sequence's, allocated by every prefill (an any-order model's draft queries)
+    _scratch_slots = 0
+
+    def _rope(self, input_pos: torch.Tensor, rows=None) -> torch.Tensor:
+        """The rotary table's rows (b, L, head_dim/2, 2) at sequence positions ``input_pos`` (b, L)
+        of the cache rows ``rows`` (an any-order model turns a slot by its cell's angle)."""
+        return self.rope.to(input_pos.device)[input_pos]
+
+    @property
+    def _image_start(self) -> int:
+        """The cache slot of generated position 0 (the prefix's length)."""
+        return self.config.cls_token_num
+
+    def _prefix_length(self, prefix) -> int:
+        """The cache slots a prefill of ``prefix`` fills."""
+        return self.config.cls_token_num
 
     def _logits(self, x):
         """The output head on the final hidden states, in float32 at least (float64 stays)."""

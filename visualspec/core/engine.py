@@ -93,6 +93,11 @@ class Drafter:
         """The target's features of the prompt (model rows, T, D): of every row after the prefill,
         of rows ``rows`` after a refill (continuous batching). Only called when ``wants_features``."""
 
+    #: A drafter whose drafts are the target's own forwards (ASSD's self-drafts from an any-subset
+    #: model) sets this: the engine counts each of its proposals as a target forward of every row
+    #: still decoding, so speed-ups are counted in the target's forwards, drafts included.
+    drafts_with_target = False
+
     #: A drafter whose drafts carry over from one step to the next (Jacobi's: the target's own
     #: predictions past the committed tokens) sets this. A window search then does not count a step
     #: whose window grew, whose new positions had nothing carried yet; drafts made afresh each step

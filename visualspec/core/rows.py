@@ -281,6 +281,8 @@ class _Run:
         if self.drafter is None:
             return rows.seq.new_empty(len(rows), 0), None
         drafts, draft_probs = self.drafter.propose(rows.seq, rows.n, k, rows.generator)
+        if drafts.shape[1] and self.drafter.drafts_with_target:
+            self.step_done()  # the drafts cost a forward of the target itself
         if self.constraints is not None:
             drafts, draft_probs = self.constraints.force_drafts(drafts, draft_probs, rows.positions(drafts.shape[1]),
                                                                 self.target.vocab_size)

@@ -11,10 +11,12 @@ drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft mode
 restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). Continuous tokens:
 :class:`ContinuousDraftModelDrafter` (CSpD's draft model). Learned from the target:
 :class:`FeatureDrafter` (EAGLE-style drafting from the target's features) and
-:class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them).
+:class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them). Any-order models:
+:class:`AnySubsetDrafter` (ASSD's drafts of the next cells of the order, from the target itself).
 """
 
 from ..core.engine import Drafter
+from .any_order import AnySubsetDrafter
 from .continuous import ContinuousDraftModelDrafter
 from .feature import ChimeraDrafter, FeatureDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
@@ -24,4 +26,4 @@ from .stand import StandDrafter
 
 __all__ = ["Drafter", "JacobiDrafter", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
            "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter",
-           "FeatureDrafter", "ChimeraDrafter"]
+           "FeatureDrafter", "ChimeraDrafter", "AnySubsetDrafter"]

@@ -39,10 +39,19 @@ WORLD_DIR = ARENA_NFD
 
 SHOWN = 384  # pixels a side: small images are shown this large, pixel for pixel, as the video tab does
 
-# the AR versus SJD table: one row per measure, one column per mode, and their ratio
-COMPARE_HEADERS = ["measure", "AR", "SJD", "AR / SJD"]
-COMPARE_NOTE = ("SJD is lossless in distribution (its images follow the same law as AR's), but a seed does not "
-                "give the same draw in both modes, so the two pictures differ.")
+
+
+def compare_headers(name: str = "SJD") -> list[str]:
+    """The AR versus NAME table's headers: one row per measure, one column per mode, and their ratio."""
+    return ["measure", "AR", name, f"AR / {name}"]
+
+
+def compare_note(name: str = "SJD") -> str:
+    return (f"{name} is lossless in distribution (its images follow the same law as AR's), but a seed does not "
+            f"give the same draw in both modes, so the two pictures differ.")
+
+
+COMPARE_HEADERS, COMPARE_NOTE = compare_headers(), compare_note()
 
 
 def shown(image):
@@ -121,6 +130,9 @@ class ImageDemo:
 
     def __init__(self, pipe):
         self.pipe = pipe
+        # what the side-by-side compares with AR: the folder's lossless speculative decoding
+        # (SJD for LlamaGen, ASSD for an any-order model)
+        self.speculative = "assd" if "assd" in pipe.available_decodings() else "sjd"
 
     def acceptance_map(self, stats):
         """Which forward fixed each token of the first image (None for a pipeline that does not draw
@@ -142,11 +154,12 @@ class ImageDemo:
         return shown(out.images[0]), amap and shown(amap), json.dumps(stats.to_dict(), indent=1)
 
     def compare(self, prompt: str, guidance_scale: float, seed: int):
-        """AR and SJD on the same prompt and seed, one after the other: the two images and the table."""
+        """AR and :attr:`speculative` (SJD, or ASSD) on the same prompt and seed, one after the other: the
+        two images and the table."""
         with errors_in_page():
             self.check(prompt)
             ar, sjd = [self.pipe(prompt, decoding=mode, guidance_scale=guidance_scale, seed=seed_value(seed))
-                       for mode in ("ar", "sjd")]
+                       for mode in ("ar", self.speculative)]
         return shown(ar.images[0]), shown(sjd.images[0]), comparison_rows(ar.stats, sjd.stats)
 
 
@@ -292,6 +305,7 @@ def build_demo(pipe, world=None):
     import gradio as gr
 
     demo_fns = ImageDemo(pipe)
+    fast = demo_fns.speculative.upper()
     guidance = float(pipe.config.default_guidance_scale)
     examples, words = example_prompts(pipe), prompt_words(pipe)
     with gr.Blocks(title="visualspec") as demo:
@@ -310,16 +324,16 @@ def build_demo(pipe, world=None):
                     scale = gr.Slider(0, 10, value=guidance, step=0.5, label="Guidance scale")
                     seed = gr.Number(value=0, precision=0, label="Seed")
                     run = gr.Button("Generate", variant="primary", elem_id="generate")
-                    compare = gr.Button("AR vs SJD", elem_id="compare")
+                    compare = gr.Button(f"AR vs {fast}", elem_id="compare")
                 with gr.Column():
                     image = gr.Image(label="Image", type="pil", elem_id="image")
                     amap = gr.Image(label="Acceptance map (dark: fixed early; red: kept by the judge)", type="pil")
                     stats = gr.Code(label="Decode statistics", language="json", elem_id="stats")
             with gr.Row():
                 ar_image = gr.Image(label="AR", type="pil", elem_id="ar-image")
-                sjd_image = gr.Image(label="SJD", type="pil", elem_id="sjd-image")
-            gr.Markdown(COMPARE_NOTE, elem_id="compare-note")
-            table = gr.Dataframe(headers=COMPARE_HEADERS, label="Side by side", interactive=False,
+                sjd_image = gr.Image(label=fast, type="pil", elem_id="sjd-image")
+            gr.Markdown(compare_note(fast), elem_id="compare-note")
+            table = gr.Dataframe(headers=compare_headers(fast), label="Side by side", interactive=False,
                                  elem_id="compare-table")
             run.click(demo_fns.generate, [prompt, decoding, scale, seed], [image, amap, stats])
             compare.click(demo_fns.compare, [prompt, scale, seed], [ar_image, sjd_image, table])

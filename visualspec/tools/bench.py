@@ -41,9 +41,16 @@ def split_quantized(mode: str) -> tuple[str, str | None]:
     return mode, None
 
 
+def split_model(mode: str) -> tuple[str | None, str]:
+    """A bench mode and the pipeline it runs on: ``"shapes-t2i:sjd+compiled"`` -> ``("shapes-t2i",
+    "sjd+compiled")`` (one of ``run_benchmark``'s ``others``), ``"assd"`` -> ``(None, "assd")`` (its ``pipe``)."""
+    name, sep, rest = mode.partition(":")
+    return (name, rest) if sep else (None, mode)
+
+
 def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0,
                   batch_size: int = 1, scorer: Callable[[Path], dict] | None = None, keep_images: str | None = None,
-                  progress: bool = False, **kwargs) -> dict:
+                  progress: bool = False, others: dict | None = None, **kwargs) -> dict:
     """Generate ``images`` images per mode, ``batch_size`` at a time, and summarise cost (and
     quality) per image. As in the batch command, a call holds ``4 * batch_size`` images and a
     finished image's place goes to the next (continuous batching).
@@ -57,17 +64,26 @@ def run_benchmark(pipe, prompts=None, modes=None, images: int = 4, seed: int = 0
     once). With ``scorer``, each mode's images are written in GenEval's layout and
     ``scorer(folder)`` is reported under ``quality``. Ratios are to the fastest AR mode of the run
     (``baseline``: ``ar``, or ``ar+compiled`` where that was timed and won).
+
+    ``others`` (name -> pipeline) adds pipelines to the run: a mode ``NAME:MODE`` runs ``MODE`` on
+    ``others[NAME]`` (:func:`split_model`), timed in the same interleaved rounds, e.g. a raster
+    model's SJD beside an any-order model's ASSD; the fastest AR of any of them is the baseline.
     """
+    models = {None: pipe, **(others or {})}
     modes = list(modes or type(pipe).default_bench_modes)
-    if "ar" not in modes:
+    unknown = [m for m in modes if split_model(m)[0] not in models]
+    if unknown:
+        raise ValueError(f"bench modes {unknown} name no pipeline of the run (given: {sorted(n for n in models if n)})")
+    weights = {m: (split_model(m)[0], *split_quantized(split_model(m)[1])) for m in modes}
+    settings = {m: {**kwargs, **type(models[name]).bench_mode(mode)} for m, (name, mode, _) in weights.items()}
+    if "ar" not in modes:  # the pipeline's eager AR is always timed
         modes = ["ar", *modes]
-    weights = {m: split_quantized(m) for m in modes}
-    settings = {m: {**kwargs, **type(pipe).bench_mode(weights[m][0])} for m in modes}
-    pipes = {None: pipe}
-    for _, scheme in weights.values():  # a copy of the pipeline per quantisation, made before any call
-        if scheme not in pipes:
-            pipes[scheme] = copy.deepcopy(pipe).quantize(scheme)
-    pipe_of = {m: pipes[weights[m][1]] for m in modes}
+        weights["ar"], settings["ar"] = (None, "ar", None), {**kwargs, **type(pipe).bench_mode("ar")}
+    pipes = {(name, None): p for name, p in models.items()}
+    for name, _, scheme in weights.values():  # a copy of the pipeline per quantisation, made before any call
+        if (name, scheme) not in pipes:
+            pipes[name, scheme] = copy.deepcopy(models[name]).quantize(scheme)
+    pipe_of = {m: pipes[weights[m][0], weights[m][2]] for m in modes}
     text = getattr(pipe, "is_text_conditional", True)
     if prompts is None:
         prompts = DEFAULT_PROMPTS if text else list(range(4))

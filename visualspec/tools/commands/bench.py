@@ -21,6 +21,9 @@ def register(sub, common) -> None:
                         "compiled step; otherwise eager); continuous-token models: ar, cspd, cspd+flat, each "
                         "optionally @STEPS for that many diffusion-head steps; any mode +int8 (or another --quantize scheme) "
                         "runs on quantised weights. Speed-ups are over the fastest AR mode")
+    b.add_argument("--with-model", action="append", metavar="FOLDER",
+                   help="another pipeline timed in the same run (repeatable); its modes are spelled NAME:MODE with "
+                        "NAME the folder's name, e.g. --with-model assets/shapes-t2i --modes assd,shapes-t2i:sjd")
     b.add_argument("--batch-sizes", type=count_arg, nargs="+", default=[1],
                    help="images per call; each batch size is its own side-by-side run (ratios to AR at that size)")
     b.add_argument("--images", type=count_arg, default=4, help="images per mode")
@@ -36,7 +39,7 @@ def register(sub, common) -> None:
 
 def run(args) -> int:
     from ...models.quantized import check_quantize
-    from ..bench import run_benchmark, split_quantized
+    from ..bench import run_benchmark, split_model, split_quantized
     from ..paths import check_output_file, check_output_folder, write_text_atomic
 
     if args.json:
@@ -49,17 +52,31 @@ def run(args) -> int:
     device = device_name(args.device)
     check_quantize(args.quantize, device)
     pipe = load_pipeline(args.model, args.draft_model)
+    others = {}
+    for folder in args.with_model or ():
+        other = load_pipeline(folder)
+        name = Path(folder).name
+        if name in others:
+            raise ValueError(f"--with-model names two pipelines {name!r}; give folders of different names")
+        others[name] = other
     cls = type(pipe)
     given = list(given or cls.default_bench_modes)
     if args.quantize:  # each mode twice: the pipeline's weights, then the quantised ones
         given += [f"{m}+{args.quantize}" for m in given if split_quantized(m)[1] is None]
-    modes = {m: cls.bench_mode(split_quantized(m)[0]) for m in given}
+    missing = [m for m in given if split_model(m)[0] is not None and split_model(m)[0] not in others]
+    if missing:
+        raise ValueError(f"bench modes {missing} name a pipeline not given with --with-model "
+                         f"(given: {sorted(others) or 'none'})")
+    modes = {m: (others[split_model(m)[0]] if split_model(m)[0] else pipe).bench_mode(
+        split_quantized(split_model(m)[1])[0]) for m in given}
     kwargs = call_options(pipe, args)
     by_mode = sorted({k for settings in modes.values() for k in settings} & set(kwargs))
     if by_mode:
         raise ValueError(f"bench sets {', '.join(map(flag, by_mode))} in its modes ({', '.join(modes)}); "
                          f"choose modes with --modes instead")
     pipe.to(device)
+    for other in others.values():
+        other.to(device)
     prompts, scorer = args.prompt or None, None
     if args.quality:
         from ...eval.shapes_quality import score_shapes_folder
@@ -72,7 +89,8 @@ def run(args) -> int:
     for batch_size in args.batch_sizes:
         keep = None if args.keep_images is None else str(Path(args.keep_images) / f"batch{batch_size}")
         result = run_benchmark(pipe, prompts=prompts, modes=list(modes), images=args.images, seed=args.seed,
-                               batch_size=batch_size, scorer=scorer, keep_images=keep, progress=True, **kwargs)
+                               batch_size=batch_size, scorer=scorer, keep_images=keep, progress=True, others=others,
+                               **kwargs)
         results.append(result)
         print(f"batch {batch_size}, {result['images_per_mode']} images per mode, speed-ups over {result['baseline']}, "
               f"{result['machine']}")

@@ -84,6 +84,9 @@ IMAGE_OPTIONS = (
     ("lantern_delta", float, "LANTERN's budget (default: the model's own)"),
     ("judge_threshold", float, "--decoding judge: the judge score above which a draft is kept, in [0, 1] (default: "
                                "the judge's own)"),
+    ("k", int, "any-order models, --decoding assd: cells drafted per round (default: the folder's)"),
+    ("parallel_steps", int, "any-order models, --decoding parallel: forwards after the prefill (default: RandAR's "
+                            "88 per 256 cells)"),
     ("gamma", int, "continuous tokens: drafts per step (default: the folder's)"),
     ("prefill", float, "continuous tokens: share of tokens the target draws alone first (default: the folder's)"),
     ("num_steps", int, "continuous tokens: the diffusion head's sampling steps per token (default: the model's)"),
@@ -109,7 +112,8 @@ def add_image_options(p, decoding: bool = True) -> None:
     if decoding:
         p.add_argument("--decoding", default=None,
                        help="the pipeline's decodings (LlamaGen: sjd, ar, lantern, gsd, judge, speculative, feature; unified: sjd, "
-                            "ar, lantern; continuous tokens: ar, cspd; MAR: ar); default: the model's own")
+                            "ar, lantern; any-order: assd, ar, parallel; continuous tokens: ar, cspd; MAR: ar); default: the "
+                            "model's own")
     for name, kind, text in IMAGE_OPTIONS:
         p.add_argument(flag(name), dest=name, type=kind, default=None, help=text,
                        metavar="{on,off}" if kind is on_off else "{on,off,auto}" if kind is compile_arg else None)

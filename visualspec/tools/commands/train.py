@@ -58,6 +58,16 @@ def register(sub, common) -> None:
     t.add_argument("--hidden", type=int, help="hidden width of the head (0: logistic regression, the shipped recipe)")
     t.set_defaults(func=checked(train_judge))
 
+    t = sub.add_parser("train-any-order", parents=[common],
+                       help="teach a shapes-world LlamaGen pipeline's GPT every generation order (an any-order "
+                            "model for ASSD, infilling and parallel decoding; #52)")
+    t.add_argument("--model", default=None, help="the raster pipeline folder it starts from (default: the shipped "
+                                                 "assets/shapes-t2i)")
+    t.add_argument("--out", required=True, help="pipeline folder to write (e.g. assets/shapes-any-order)")
+    t.add_argument("--work-dir", default=str(home() / "train-any-order"), help="checkpoints; rerun to resume")
+    t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipe: see its card)")
+    t.set_defaults(func=checked(train_any_order))
+
     for name, func, what, out, seeded in (
             ("train-continuous", train_continuous, "train a continuous-token target and draft on the shapes world "
              "(CSpD)", "pipeline folder to write (target, draft, KL autoencoder, text encoder)", True),
@@ -181,6 +191,16 @@ def train_judge(args) -> int:
 
     overrides = {k: getattr(args, k) for k in ("prompts_per_task", "hidden") if getattr(args, k) is not None}
     train(args.model, args.out, args.work_dir, JudgeConfig(**overrides))
+    print(args.out)
+    return 0
+
+
+def train_any_order(args) -> int:
+    from ...training.any_order import AnyOrderConfig, train_any_order as train
+    from ...assets import SHAPES_T2I
+
+    overrides = {"steps": args.steps} if args.steps is not None else {}
+    train(args.model or str(SHAPES_T2I), args.out, args.work_dir, AnyOrderConfig(**overrides))
     print(args.out)
     return 0
 
