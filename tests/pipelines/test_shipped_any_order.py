@@ -1,14 +1,11 @@
 """The shipped any-order model (``visualspec train-any-order``) loads, stays small, draws what it is
 asked for in random orders, and ASSD pays off on it (so a broken asset cannot land)."""
 
-import json
-
 import pytest
 
 from visualspec import VisualSpecPipeline
 from visualspec.assets import SHAPES_ANY_ORDER
 from visualspec.eval.detectors import ShapesDetector
-from visualspec.eval.geneval import evaluate_image, summarize
 from visualspec.pipelines import AnyOrderPipeline
 from visualspec.worlds.shapes import evaluation_prompts
 
@@ -26,13 +23,14 @@ def test_it_is_an_any_order_pipeline_under_15_mb_with_its_card(pipe):
     assert type(pipe) is AnyOrderPipeline and (SHAPES_ANY_ORDER / "README.md").is_file()
 
 
-def test_assd_draws_scorable_images_well_above_chance_in_fewer_forwards(pipe):
-    """Four prompts per GenEval task with ASSD (the model's own law). The shipped model is weak
-    (0.083 here when it was shipped, its card says why); a broken asset draws noise, in which the
-    analytic detector finds no shape: 0. ASSD took 0.46 of AR's 256 forwards on these prompts."""
+def test_assd_draws_shapes_in_a_quarter_of_ars_forwards(pipe):
+    """Four prompts per GenEval task with ASSD at the folder's k (the model's own law). The shipped
+    model is weak (GenEval-shapes 0.08 over 600 prompts; its card says why), so this asks less: the
+    detector finds an object in most images (a broken asset draws noise, in which it finds none),
+    and ASSD takes at most 0.3 of AR's 256 forwards (0.25 when shipped)."""
     prompts = evaluation_prompts(per_task=4, seed=123)
     out = pipe([p["prompt"] for p in prompts], decoding="assd", seed=0, compile=False)
     detector = ShapesDetector()
-    summary = summarize([evaluate_image(image, meta, detector) for image, meta in zip(out.images, prompts)])
-    assert summary["overall"] > 0, json.dumps(summary["tasks"])
-    assert out.stats.forwards_per_sequence <= 256 * 0.6, out.stats.forwards_per_sequence
+    found = [len(detector.detect(image)) > 0 for image in out.images]
+    assert sum(found) >= len(found) / 2, found
+    assert out.stats.forwards_per_sequence <= 256 * 0.3, out.stats.forwards_per_sequence

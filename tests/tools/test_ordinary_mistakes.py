@@ -120,7 +120,7 @@ SWEEP = [  # (arguments, what the one-line message must say); every case must fa
     (["train-arena", "--out", "o", "--from", "folder"], "--from folder: not a pipeline folder"),
     # a mistyped name is not sent to the Hub: it is named, with the names that exist
     (["generate", "x", "--model", "shapes-t2"], "--model shapes-t2: neither a folder here nor a shipped model "
-                                                "(shipped: arena-nfd, shapes-lumina, shapes-t2i)"),
+                                                "(shipped: arena-nfd, shapes-any-order, shapes-lumina, shapes-t2i)"),
     (["video", "--model", "arena"], "--model arena: neither a folder here nor a shipped model"),
     (["batch", "--prompts", "prompts.txt", "--out", "o", "--model", "shapes"], "--model shapes: neither"),
     (["generate", "x", "--device", "gpu0"], "--device gpu0: not a device name torch knows"),
