@@ -246,10 +246,7 @@ class AnyOrderGPT(LlamaGenGPT):
         b, L = tokens.shape
         device = tokens.device
         cls, base, extra = self.config.cls_token_num, self._key_valid.shape[1], k - 1
-        if self._cache[0][0].shape[2] < base + extra:
-            for buffers in self._cache:
-                for i, buffer in enumerate(buffers):
-                    buffers[i] = fixed_address(nn.functional.pad(buffer, (0, 0, 0, base + extra - buffer.shape[2])))
+        self._grow_cache(base + extra)
         orders = self._orders[:b]
         slots = self._kept + (start[:, None] - L + torch.arange(L, device=device)).clamp(min=0)  # the window's
         last = slots[:, -1:]

@@ -540,10 +540,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         B, N = tokens.shape
         device = tokens.device
         base = self._key_valid.shape[1]  # the sequence's slots; scratch follows
-        if self._cache[0][0].shape[2] < base + N:
-            for buffers in self._cache:
-                for i, buffer in enumerate(buffers):
-                    buffers[i] = fixed_address(torch.nn.functional.pad(buffer, (0, 0, 0, base + N - buffer.shape[2])))
+        self._grow_cache(base + N)
         start = torch.as_tensor(start, device=device).expand(B)
         cls = self.config.cls_token_num
         pos = (start[:, None] + depths.to(device)[None]).clamp(max=self._max_new - 1)
@@ -552,6 +549,14 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         slots = (base + torch.arange(N, device=device)).expand(B, N)
         self._tree_start = start
         return self._run(self.tok_embeddings(tokens), cls + pos, slots=slots, allowed=allowed[:, None])
+
+    def _grow_cache(self, slots: int) -> None:
+        """Give the cache at least ``slots`` slots (scratch slots after the sequence's: tree nodes,
+        draft queries), grown once and kept."""
+        if self._cache[0][0].shape[2] < slots:
+            for buffers in self._cache:
+                for i, buffer in enumerate(buffers):
+                    buffers[i] = fixed_address(torch.nn.functional.pad(buffer, (0, 0, 0, slots - buffer.shape[2])))
 
     def keep(self, nodes: torch.Tensor, counts: torch.Tensor) -> None:
         """After :meth:`forward_tree`: row b's nodes ``nodes[b, :counts[b]]`` become its positions

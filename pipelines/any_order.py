@@ -129,9 +129,9 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
             feats, caption_mask = self._prefix(model, cond, sampling, ids)
             return feats, caption_mask, sampling.model_batch(orders[ids]), sampling.model_batch(kept[ids])
 
+        compiled = compiled_step(model, compile, lambda r: prefix_of(list(range(r))), num_tokens, rows, slots)
         if decoding == "parallel":
             steps = parallel_steps or max(1, round(num_tokens * RANDAR_STEPS_PER_TOKEN))
-            compiled = compiled_step(model, compile, lambda r: prefix_of(list(range(r))), num_tokens, rows, slots)
             if compiled:
                 model.precompile(prefix_of(list(range(slots))), num_tokens, [1])
             parts, tokens = [], []
@@ -147,7 +147,6 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
             tokens, stats = torch.cat(tokens), merge_decode_stats(parts)
         else:
             window = 1 if decoding == "ar" else d["k"] + 1
-            compiled = compiled_step(model, compile, lambda r: prefix_of(list(range(r))), num_tokens, rows, slots)
             if compiled:
                 model.precompile(prefix_of(list(range(slots))), num_tokens, sorted({1, window}))
             prefix = Requests(rows, prefix_of, slots) if slots < rows else prefix_of(list(range(rows)))

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import claim_work_dir, optimizer_step, run_stage, training_autocast, write_training_record
-from .shapes import ShapesTrainingConfig, caption_batch
+from .shapes import ShapesTrainingConfig, caption_training_batch
 
 
 @dataclass
@@ -75,17 +75,11 @@ def train_any_order(init: str, out: str, work_dir: str, cfg: AnyOrderConfig | No
     forward = torch.compile(gpt) if cfg.compile else gpt
 
     def step_fn(step):
-        x, prompts = caption_batch(cfg.seed + 11, step, cfg.batch, cfg.task_weights, cfg.caption_detail,
-                                   cfg.caption_order)
-        with torch.no_grad():
-            _, tokens = vq.encode(x.to(device))
-        tokens = tokens.flatten(1)
+        tokens, captions, mask, drop = caption_training_batch(
+            vq, helper, cfg.seed + 11, step, cfg.batch, cfg.task_weights, cfg.caption_detail, cfg.caption_order,
+            cfg.caption_dropout, cfg.seed * 1_000_003 + step, autocast, device)
         orders = random_orders(cfg.seed, step, cfg.batch, tokens.shape[1]).to(device)
-        drop = torch.rand(len(prompts), generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
-        drop = (drop < cfg.caption_dropout).to(device)
         with torch.autocast(**autocast):
-            captions, mask = helper.encode_prompt(prompts)
-            mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
             logits = forward(captions, tokens, cond_mask=mask, drop_condition=drop, orders=orders)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens.gather(1, orders).reshape(-1))
         optimizer_step(opt, loss, params)

@@ -312,6 +312,23 @@ def pretrain_text_encoder(cfg: ShapesTrainingConfig, encoder, tokenizer, work: P
     return encoder
 
 
+def caption_training_batch(vq, helper, seed: int, step: int, batch: int, task_weights: dict, detail: float,
+                           order: str, dropout: float, drop_seed: int, autocast: dict, device):
+    """A GPT stage's batch ``step``: the image tokens (B, N) of :func:`caption_batch`'s images,
+    their captions through the pipeline ``helper``'s own prompt encoding (features, mask; under
+    ``autocast``), and ``drop`` (B,): the captions replaced by the null one (a share ``dropout``,
+    drawn from ``drop_seed``; their mask all ones), for classifier-free guidance."""
+    x, prompts = caption_batch(seed, step, batch, task_weights, detail, order)
+    with torch.no_grad():
+        _, tokens = vq.encode(x.to(device))
+    drop = torch.rand(len(prompts), generator=torch.Generator().manual_seed(drop_seed))
+    drop = (drop < dropout).to(device)
+    with torch.autocast(**autocast):
+        captions, mask = helper.encode_prompt(prompts)
+        mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
+    return tokens.flatten(1), captions, mask, drop
+
+
 def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
     from ..pipelines.llamagen import LlamaGenPipeline
 
@@ -337,16 +354,10 @@ def train_gpt(cfg: ShapesTrainingConfig, vq, work: Path, device, progress=True):
         modules.update(ema)
 
     def step_fn(step):
-        x, prompts = caption_batch(cfg.seed + 1, step, cfg.gpt_batch, cfg.task_weights, cfg.caption_detail,
-                                   cfg.caption_order)
-        with torch.no_grad():
-            _, tokens = vq.encode(x.to(device))
-        tokens = tokens.flatten(1)
-        drop = torch.rand(len(prompts), generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
-        drop = (drop < cfg.caption_dropout).to(device)
+        tokens, captions, mask, drop = caption_training_batch(
+            vq, helper, cfg.seed + 1, step, cfg.gpt_batch, cfg.task_weights, cfg.caption_detail, cfg.caption_order,
+            cfg.caption_dropout, cfg.seed * 1_000_003 + step, autocast, device)
         with torch.autocast(**autocast):
-            captions, mask = helper.encode_prompt(prompts)
-            mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
             logits = forward(captions, tokens, cond_mask=mask, drop_condition=drop)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens.reshape(-1))
         optimizer_step(opt, loss, params)
