@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..core.checks import check_int
+from ..core.checks import check_int, is_int
 from ..core.compiled import compiled_step
 from ..core.engine import Requests, decode
 from ..core.parallel import decode_parallel
 from ..core.sampling import SamplingConfig, make_generator
 from ..core.stats import merge_decode_stats
+from ..core.verify import default_rule
+from ..core.window import WindowPolicy
 from ..drafters.any_order import AnySubsetDrafter
 from ..models.any_order import AnyOrderGPT, check_orders
 from ..models.llamagen_vq import LlamaGenVQModel
@@ -21,6 +23,10 @@ from .image import PromptConditioning, TokenImagePipeline
 
 #: RandAR's parallel schedule: 88 steps for 256 tokens (its ``num_inference_steps``)
 RANDAR_STEPS_PER_TOKEN = 88 / 256
+
+#: the windows (k + 1) ``k="auto"`` chooses among: k = 2, 4, 8 and 16, the candidates the folder's
+#: fixed k was tuned over (docs/experiments/2026-11-28-any-order-assd.md), and plain AR
+ASSD_WINDOWS = (1, 3, 5, 9, 17)
 
 
 @register_pipeline
@@ -50,10 +56,11 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
     bench_modes = {"ar": dict(decoding="ar"), "assd": dict(decoding="assd"), "parallel": dict(decoding="parallel")}
     default_bench_modes = ("ar", "assd", "parallel")
     bench_values = {"assd": "k", "parallel": "parallel_steps"}
+    window_argument = "k"  # ASSD's window is k + 1
 
     def __init__(self, transformer: AnyOrderGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
                  default_guidance_scale: float = 3.0, default_top_k: int = 0, default_epsilon_cutoff: float = 0.0,
-                 default_k: int = 4):
+                 default_k: int | str = 4):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer)
@@ -62,6 +69,8 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
 
     @classmethod
     def bench_settings(cls, mode: str) -> dict:
+        if mode.partition("+")[0] == "assd@auto":  # k chosen per step from measured rounds
+            return {**cls.bench_settings("assd" + mode[len("assd@auto"):]), "k": "auto"}
         settings = super().bench_settings(mode)
         return {k: int(v) if k in ("k", "parallel_steps") else v for k, v in settings.items()}
 
@@ -71,7 +80,7 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         prompt=None,
         *,
         decoding: str = "assd",
-        k: int | None = None,
+        k: int | str | WindowPolicy | None = None,
         parallel_steps: int | None = None,
         order=None,
         image=None,
@@ -92,7 +101,13 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         """Generate images (or fill the unkept cells of ``image``).
 
         - ``decoding``: ``"assd"`` (lossless speculative), ``"ar"`` or ``"parallel"`` (lossy), above.
-        - ``k``: the cells ASSD drafts per round (default: the folder's ``default_k``).
+        - ``k``: the cells ASSD drafts per round (default: the folder's ``default_k``), or
+          ``"auto"``: chosen per step among 2, 4, 8 and 16 from the measured cost of whole ASSD
+          rounds at this batch size on this machine, beside plain AR's step, as the raster
+          pipeline's ``window="auto"`` chooses its window (measured once and kept on disk): the k
+          whose timed decode was fastest, every round of the call (a search that mixes k lost to
+          the best fixed k on the tuning prompts), or AR where none beat AR's decode (the stats'
+          mode then says so); or the policy :meth:`window_tables` returned.
         - ``parallel_steps``: forwards after the prefill for ``"parallel"`` (default: RandAR's
           88 per 256 cells).
         - ``order``: the order of the cells, (cells,) or (B, cells) permutations of 0..cells-1;
@@ -146,15 +161,20 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
                     parts.append(stats)
             tokens, stats = torch.cat(tokens), merge_decode_stats(parts)
         else:
-            window = 1 if decoding == "ar" else d["k"] + 1
-            if compiled:
-                model.precompile(prefix_of(list(range(slots))), num_tokens, sorted({1, window}))
-            prefix = Requests(rows, prefix_of, slots) if slots < rows else prefix_of(list(range(rows)))
             drafter = AnySubsetDrafter(model) if decoding == "assd" else None
+            auto = drafter is not None and (d["k"] == "auto" or isinstance(d["k"], WindowPolicy))
+            window = 1 if drafter is None else d["k"] if auto else d["k"] + 1
+            if compiled:
+                model.precompile(prefix_of(list(range(slots))), num_tokens,
+                                 ASSD_WINDOWS if auto else sorted({1, window}))
+            if window == "auto":  # whole ASSD rounds timed beside plain AR's step (as_ar where no k pays)
+                window = self.auto_window(model, prefix_of(list(range(slots))), num_tokens, sampling, drafter,
+                                          default_rule(sampling), windows=ASSD_WINDOWS, fixed=True)
+            prefix = Requests(rows, prefix_of, slots) if slots < rows else prefix_of(list(range(rows)))
+            mode = decoding + (f"@{'auto' if auto else d['k']}" if drafter else "") + ("+compiled" if compiled else "")
             with self.progress_bar(total=num_tokens * rows) as bar:
                 tokens, stats = decode(model, prefix, num_tokens, sampling, drafter=drafter, window=window,
-                                       generator=gen, progress=bar.update,
-                                       mode=decoding + (f"@{d['k']}" if drafter else "") + ("+compiled" if compiled else ""))
+                                       generator=gen, progress=bar.update, mode=mode)
         image_tokens = torch.empty(rows, cells, dtype=torch.long, device=tokens.device)
         image_tokens.scatter_(1, orders[:, m:].to(tokens.device), tokens)
         if m:
@@ -163,8 +183,15 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         return self.output(image_tokens, stats, output_type, return_dict, self.decode_images)
 
     def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:
-        """None: ASSD drafts a fixed ``k`` cells (no window policy for ``visualspec batch`` to record)."""
-        return {}
+        """The policy ``k="auto"`` decodes a batch of ``batch_size`` images of ``prompt`` with
+        (``{"tables", "tokens", "as_ar", "fixed"}``, its windows k + 1; measured first where this
+        machine has no tables), for ``visualspec batch`` to record and pass back as ``k``; ``{}``
+        where the call does not choose k: another decoding, or a fixed k."""
+        decoding = call_kwargs.get("decoding", "assd")
+        k = call_kwargs.get("k") if call_kwargs.get("k") is not None else self.config.default_k
+        if decoding != "assd" or k != "auto":
+            return {}
+        return super().window_tables(prompt, batch_size=batch_size, **call_kwargs)
 
     # ------------------------------------------------------------------ inputs
 
@@ -172,7 +199,8 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         self.check_decoding(decoding)
         self.check_common(output_type, num_images_per_prompt, batch_size)
-        check_int("k", k, 1)
+        if not (k == "auto" or isinstance(k, WindowPolicy)) and not (is_int(k) and k >= 1):
+            raise ValueError(f"k must be an integer >= 1 (the cells ASSD drafts per round) or 'auto', got {k!r}")
         if k_given is not None and decoding != "assd":
             raise ValueError(f"k is the number of cells ASSD drafts per round: it is for decoding='assd', "
                              f"not {decoding!r}")

@@ -35,7 +35,7 @@ from ..core.judge import JudgeRule
 from ..core.sampling import SamplingConfig, make_generator
 from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
-from ..core.window import prefix_rows
+from ..core.window import WINDOWS, prefix_rows
 from ..core.window_costs import step_policy, step_tag, window_policy
 from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, JacobiDrafter
 from ..models.feature_drafter import check_target, weights_hash
@@ -265,9 +265,11 @@ class TokenImagePipeline(ImagePipeline):
     #: the :class:`visualspec.core.window.WindowPolicy` of this pipeline's latest call whose
     #: ``window="auto"`` speculated (its tables and first estimates), for inspection; None before
     last_window_policy = None
+    #: the argument a call takes its window policy by (``visualspec batch`` passes the recorded one)
+    window_argument = "window"
 
     def auto_window(self, model, prefix, num_tokens: int, sampling: SamplingConfig, drafter, rule,
-                    constraints=None):
+                    constraints=None, windows=WINDOWS, fixed: bool | None = None):
         """``window="auto"`` for a call that speculates with ``drafter`` and ``rule``: the policy of
         :func:`visualspec.core.window_costs.step_policy`, whose table holds the cost of whole decode
         steps of ``prefix`` (the call's first batch, not a queue) at each fixed window, drafts, rule
@@ -276,18 +278,21 @@ class TokenImagePipeline(ImagePipeline):
         the fixed window whose timed decode committed tokens fastest (a search that mixes windows
         starts cold drafts and committed fewer: the policy's ``fixed``,
         docs/experiments/2026-11-28-fixed-window-vs-search.md); drafts made afresh each step (the
-        feature drafter, a draft model) keep the search. Where no
+        feature drafter, a draft model) keep the search, unless ``fixed`` says otherwise. Where no
         window is expected to beat plain AR the policy's ``as_ar`` is set: the engine decodes the
         call without drafts (its stats' mode says ``as AR``). So speculation is never slower than
-        AR but for the noise of the measurements. The target must be compiled (or not)
+        AR but for the noise of the measurements. ``windows``: the candidates (each a step's
+        last committed token and its W - 1 drafts). The target must be compiled (or not)
         as the call will run it, every window bucket included, before this runs."""
         def decode_at(w: int, drafts=drafter):
             return decode(model, prefix, num_tokens, sampling, drafter=drafts, rule=rule if drafts else None,
                           window=w, generator=make_generator(0), constraints=constraints)[1]
 
         self.last_window_policy = step_policy(model, decode_at, num_tokens, prefix_rows(prefix),
-                                              step_tag(drafter, rule, sampling), ar_at=lambda: decode_at(1, None),
-                                              fixed=getattr(drafter, "carries_drafts", False))
+                                              step_tag(drafter, rule, sampling), windows,
+                                              ar_at=lambda: decode_at(1, None),
+                                              fixed=getattr(drafter, "carries_drafts", False) if fixed is None
+                                              else fixed)
         return self.last_window_policy
 
     def window_tables(self, prompt=None, *, batch_size: int = 1, **call_kwargs) -> dict:
@@ -298,8 +303,8 @@ class TokenImagePipeline(ImagePipeline):
         given = prompt if prompt is not None else call_kwargs.pop("class_labels", None)
         items = given if isinstance(given, (list, tuple)) else [given]
         self.last_window_policy = None
-        self([items[i % len(items)] for i in range(batch_size)], batch_size=batch_size, window="auto",
-             output_type="latent", **call_kwargs)
+        self([items[i % len(items)] for i in range(batch_size)], batch_size=batch_size,
+             output_type="latent", **{**call_kwargs, self.window_argument: "auto"})
         policy = self.last_window_policy
         if policy is None:
             return {}

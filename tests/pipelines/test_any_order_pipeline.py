@@ -23,7 +23,7 @@ def pipe():
     gpt = AnyOrderGPT.from_raster(raster.transformer)
     torch.nn.init.normal_(gpt.query_embeddings.weight, std=0.3)
     p = AnyOrderPipeline(transformer=gpt.eval(), vq_model=raster.vq_model, text_encoder=raster.text_encoder,
-                         tokenizer=raster.tokenizer, default_guidance_scale=2.0)
+                         tokenizer=raster.tokenizer, default_guidance_scale=2.0, default_k=4)
     p.set_progress_bar_config(disable=True)
     return p
 
@@ -50,6 +50,61 @@ def test_an_images_tokens_depend_on_its_prompt_and_generator_only(pipe, decoding
     assert torch.equal(together, queued) and torch.equal(together[2:], alone)
     if decoding == "ar":  # the same prompt, another generator: another order
         assert not torch.equal(out.stats.fixed_at[0], out.stats.fixed_at[2])
+
+
+def test_auto_k_decodes_as_ar_where_no_round_pays(pipe, monkeypatch):
+    """k="auto" prices whole ASSD rounds (draft forward and verification) at k = 2, 4, 8, 16 beside
+    plain AR's step, at the call's model rows. Rounds that cost two AR steps for 1.5 cells: the
+    call decodes as AR (AR's very tokens) and says so; rounds at one AR step's cost (the control)
+    draft, every round at the fastest fixed k (here the smallest of equals, k = 2: 128 rounds at
+    most). A batch records the policy and passes it back as k."""
+    import visualspec.core.window_costs as wc
+    from visualspec.pipelines.any_order import ASSD_WINDOWS
+
+    asked, cost = [], [2.0]
+
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, ar_at=None, **kw):
+        asked.append((rows, tag, tuple(windows)))
+        return {0: 1.0, **{w: cost[0] for w in windows}}, {0: 1.0, **{w: 1.0 if w == 1 else 1.5 for w in windows}}
+
+    monkeypatch.setattr(wc, "decode_step_costs", tables)
+    out = pipe(PROMPT, decoding="assd", k="auto", seed=0, **FIXED)
+    assert out.stats.mode == "assd@auto as AR" and out.stats.target_forwards == 256
+    assert torch.equal(out.images, pipe(PROMPT, decoding="ar", seed=0, **FIXED).images)
+    cost[0] = 1.0
+    out = pipe(PROMPT, decoding="assd", k="auto", seed=0, **FIXED)
+    assert out.stats.mode == "assd@auto" and out.stats.target_forwards < 256 and set(out.stats.accepted_lengths) <= {1, 2, 3}
+    assert asked == [(2, "AnySubsetDrafter|rule=speculative_verify|sampled", ASSD_WINDOWS)] * 2
+    found = pipe.window_tables(PROMPT, batch_size=2, decoding="assd", k="auto", compile=False)
+    assert set(found["tables"]) == {4} and not found["as_ar"] and found["fixed"]  # the best fixed k
+    assert pipe.window_tables(PROMPT, decoding="assd", compile=False) == {}  # the fixture's k = 4
+    replay = pipe(PROMPT, decoding="assd", k=pipe.last_window_policy, seed=0, **FIXED)
+    assert replay.stats.mode == "assd@auto" and len(asked) == 3  # nothing timed again
+
+
+def test_a_batch_records_the_auto_k_and_resumes_with_it(pipe, tmp_path, monkeypatch):
+    """``visualspec batch`` with k="auto": the policy is timed once, recorded with the run's
+    settings, and handed back as k to every call, so a resumed run decodes as the first did and
+    times nothing again."""
+    import json
+
+    import visualspec.core.window_costs as wc
+    from visualspec.tools.batch import CONFIG_NAME, generate_batch
+
+    timed = []
+
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, ar_at=None, **kw):
+        timed.append(rows)
+        return {0: 1.0, **{w: 1.0 for w in windows}}, {0: 1.0, **{w: (w + 1) / 2 for w in windows}}
+
+    monkeypatch.setattr(wc, "decode_step_costs", tables)
+    run = dict(images_per_prompt=2, decoding="assd", batch_size=2, k="auto", compile=False, progress=False)
+    first = generate_batch(pipe, [PROMPT], tmp_path, **run)
+    recorded = json.loads((tmp_path / CONFIG_NAME).read_text())["window_costs"]
+    assert first["generated"] == 2 and recorded["fixed"] and not recorded["as_ar"] and timed == [4]
+    (tmp_path / "00000" / "samples" / "0001.png").unlink()
+    again = generate_batch(pipe, [PROMPT], tmp_path, **run)
+    assert again["generated"] == 1 and timed == [4]
 
 
 def test_a_given_order_is_followed(pipe):
@@ -92,11 +147,13 @@ def test_the_folder_round_trips(pipe, tmp_path):
 
 def test_bench_modes_spell_k_and_steps():
     assert AnyOrderPipeline.bench_mode("assd@6") == {"decoding": "assd", "k": 6, "compile": False}
+    assert AnyOrderPipeline.bench_mode("assd@auto+compiled") == {"decoding": "assd", "k": "auto", "compile": True}
     assert AnyOrderPipeline.bench_mode("parallel@40+compiled")["parallel_steps"] == 40
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(decoding="assd", k=0), "k must be"),
+    (dict(decoding="assd", k="fast"), "k must be an integer >= 1 .* or 'auto'"),
     (dict(decoding="ar", k=3), "k is the number of cells ASSD drafts"),
     (dict(decoding="assd", parallel_steps=3), "parallel_steps is for decoding='parallel'"),
     (dict(decoding="parallel", parallel_steps=0), "parallel_steps must be"),

@@ -95,10 +95,46 @@ def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(
                                          repeats=3)
     assert costs == {1: 2 / 10, 2: 3 / 5, 4: 5 / 2}  # 16 > 10 new tokens
     assert calls == [1, 2, 4] * 3  # in rounds over the windows, no separate warm-up
-    assert tokens == {1: 1.0, 2: 2.0, 4: 3.0}
+    assert tokens == {1: 1.0, 2: 2.0, 4: 5.0}  # 10 tokens a row over 10, 5 and 2 steps
     again = wc.decode_step_costs(model, decode_at, 10, 1, "fake", windows=(1, 2, 4), cache_dir=tmp_path)
     assert again == (costs, tokens) and len(calls) == 9
     assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path)[0] == {1: 2 / 10}
+
+
+def test_a_step_that_drafts_with_the_target_is_priced_whole(tmp_path, monkeypatch):
+    """ASSD's rounds: a draft forward of the target and a verification. The cost of W is seconds
+    over steps (target forwards less the drafting ones), so that it compares with AR's step: 12
+    seconds for a prefill and 5 rounds (11 forwards, 5 of them drafting) is 2 seconds a step.
+    Counted per forward (the control) it would be 1.09 and make each round look half as dear."""
+    clock = [0.0]
+    monkeypatch.setattr(wc, "_clock", lambda: clock[0])
+
+    def decode_at(w):
+        clock[0] += 12.0
+        return DecodeStats(mode="fake", batch_size=1, num_tokens=12, target_forwards=11, query_forwards=5,
+                           accepted_lengths=[2] * 5)
+
+    costs, tokens = wc.decode_step_costs(tiny_hf("llama", vocab_size=64), decode_at, 12, 1, "fake", windows=(3,),
+                                         cache_dir=tmp_path, repeats=1)
+    assert costs == {3: 2.0} and tokens == {3: 2.0}  # 12 tokens over 6 steps
+
+
+def test_a_batchs_rate_counts_the_steps_its_fast_rows_wait(tmp_path, monkeypatch):
+    """Two rows of 12 tokens: one commits its 11 after the prefill in 3 steps, the other in 6, and
+    the batch steps until both are done. Its rate is 12 tokens a row over 7 steps, not the 2.44
+    tokens a row-step the rows committed on average (the control), which would promise a speed
+    the batch never reached."""
+    clock = [0.0]
+    monkeypatch.setattr(wc, "_clock", lambda: clock[0])
+    lengths = [4, 2, 4, 2, 3, 2, 2, 2, 1]
+
+    def decode_at(w):
+        clock[0] += 7.0
+        return DecodeStats(mode="fake", batch_size=2, num_tokens=12, target_forwards=7, accepted_lengths=lengths)
+
+    costs, tokens = wc.decode_step_costs(tiny_hf("llama", vocab_size=64), decode_at, 12, 2, "fake", windows=(4,),
+                                         cache_dir=tmp_path, repeats=1)
+    assert costs == {4: 1.0} and tokens == {4: 12 / 7} and sum(lengths) / len(lengths) > 2.4
 
 
 def test_plain_ar_is_timed_in_the_windows_rounds(tmp_path, monkeypatch):

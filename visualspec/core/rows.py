@@ -283,6 +283,7 @@ class _Run:
         drafts, draft_probs = self.drafter.propose(rows.seq, rows.n, k, rows.generator)
         if drafts.shape[1] and self.drafter.drafts_with_target:
             self.step_done()  # the drafts cost a forward of the target itself
+            self.stats.query_forwards += 1
         if self.constraints is not None:
             drafts, draft_probs = self.constraints.force_drafts(drafts, draft_probs, rows.positions(drafts.shape[1]),
                                                                 self.target.vocab_size)

@@ -18,6 +18,9 @@ class DecodeStats:
 
     - ``batch_size``: sequences generated; ``slots``: how many of them decoded at once.
     - ``target_forwards``: batched forward passes of the target model, prefills included.
+    - ``query_forwards``: of those, the forwards in which the target drafted for itself (ASSD's
+      draft queries, :attr:`visualspec.core.engine.Drafter.drafts_with_target`); a decode step is
+      one of the others.
     - ``row_forwards`` (batch_size,): the target forwards each sequence took part in, its prefill
       included. Plain AR needs exactly ``num_tokens`` per sequence.
     - ``accepted_lengths``: tokens committed by each row in each decode step after its prefill
@@ -34,6 +37,7 @@ class DecodeStats:
     num_tokens: int
     target_forwards: int = 0
     draft_forwards: int = 0
+    query_forwards: int = 0
     wall_time_s: float = 0.0
     accepted_lengths: list[int] = field(default_factory=list)
     fixed_at: torch.Tensor | None = None
@@ -95,8 +99,8 @@ class DecodeStats:
         skip = ("fixed_at", "accepted_lengths", "row_forwards", "judged_at")
         if not self.drafts_proposed:
             skip += CONTINUOUS_COUNTS
-        skip += tuple(name for name in ("sibling_steps", "structural_tokens", "stopped_tokens", "judged_tokens")
-                      if not getattr(self, name))
+        skip += tuple(name for name in ("query_forwards", "sibling_steps", "structural_tokens", "stopped_tokens",
+                                        "judged_tokens") if not getattr(self, name))
         d = {k: v for k, v in asdict(self).items() if k not in skip}
         d.update(
             forwards_per_sequence=round(self.forwards_per_sequence, 3),

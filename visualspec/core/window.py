@@ -110,7 +110,8 @@ def interpolated_cost(costs: Mapping[int, float], tokens: int) -> float:
 def best_fixed_window(costs: Mapping[int, float], tokens: Mapping[int, float]) -> int:
     """The window whose decode at that fixed window committed tokens fastest:
     ``argmax_W tokens[W] / costs[W]`` over the W of ``costs`` (seconds per step) with ``tokens``
-    (tokens per row-step; W = 1 commits 1), ties to the smaller W."""
+    (a row's tokens per step of that decode, the steps it waited for other rows included; W = 1
+    commits 1), ties to the smaller W."""
     return max(sorted(w for w in costs if w in tokens or w == 1), key=lambda w: _committed(tokens, w) / costs[w])
 
 
@@ -124,7 +125,7 @@ def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar
     """Whether some window that drafts is expected to commit tokens faster than decoding without
     a drafter, by more than ``margin``: ``max_{W > 1} tokens[W] / costs[W] > (1 + margin) / ar_cost``,
     where ``costs[W]`` are the seconds of a step of the speculative decode at the fixed window W,
-    ``tokens[W]`` the tokens per row-step it committed, and ``ar_cost`` the seconds of a step of
+    ``tokens[W]`` a row's tokens per step of it, and ``ar_cost`` the seconds of a step of
     plain AR (no drafter, no rule). ``margin`` is how far timed tables of the same decode differ on
     this kind of machine (:data:`SPECULATION_MARGIN`): a gain inside it is not told from noise, and
     AR is never slower than itself. W = 1 does not count: its step is plain AR's with the drafter's

@@ -330,16 +330,23 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
 
     The decodes run in ``repeats`` rounds (default :data:`STEP_ROUNDS`) over every W (with
     ``ar_at``, a decode without a drafter, timed as one more window, kept as W = 0), so a passing
-    slowdown of a shared machine hits them all alike; each cost is the fastest of its rounds, its seconds over its target forwards (the
-    prefill counted as one of them): the first round warms what a new window shape needs (the
+    slowdown of a shared machine hits them all alike; each cost is the fastest of its rounds, its
+    seconds over its steps, the target forwards less those that only drafted (ASSD's queries,
+    ``query_forwards``: their time is part of the step they draft for), the prefill counted as
+    one step: the first round warms what a new window shape needs (the
     caller has compiled every window already), and the minimum drops it, so no separate warm-up
     decode is spent. Kept in ``window_costs.json`` under :func:`cost_signature` with
     ``|steps=tag`` appended (``tag`` names what else sets a step's cost: the drafter, the rule,
     greedy or sampled); a stored table that holds every wanted W is returned without decoding.
-    Returns ``(costs, tokens)``: ``tokens`` are the tokens per row-step each W committed in its
-    last timed decode (the mean of its ``accepted_lengths``), kept beside under ``|tokens``, a
-    search's first estimate of each window (:class:`visualspec.core.window.WindowPolicy`'s
-    ``tokens``)."""
+    Returns ``(costs, tokens)``: ``tokens`` are the tokens a row generated in W's last timed
+    decode over that decode's steps (the prefill one of them; plain AR: 1), kept beside under
+    ``|tokens``, so that ``tokens[W] / costs[W]`` is the rate the whole decode reached. At a batch
+    it is below the mean tokens a row committed per step (``accepted_lengths``): a step runs for
+    every row until the last one finishes, and rows that accept more wait for the others (at batch
+    16, ASSD's rows commit 8.5 cells a round while the batch takes 50 % more rounds than the mean
+    row: docs/experiments/2026-11-29-assd-batch-aware-k.md). These are a search's first estimate
+    of each window (:class:`visualspec.core.window.WindowPolicy`'s ``tokens``) and what the
+    policy's AR fallback and fixed window are chosen by."""
     wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens} | ({0} if ar_at is not None else set()))
     repeats = STEP_ROUNDS if repeats is None else check_positive_int("repeats", repeats)
     path = cache_path(cache_dir)
@@ -355,10 +362,10 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
         for w in wanted:
             start = _clock()
             stats = ar_at() if w == 0 else decode_at(w)
-            seconds = (_clock() - start) / max(int(stats.target_forwards), 1)
+            steps = max(int(stats.target_forwards) - int(stats.query_forwards), 1)
+            seconds = (_clock() - start) / steps
             measured[w] = min(seconds, measured.get(w, seconds))
-            lengths = getattr(stats, "accepted_lengths", None) or [1]
-            tokens[w] = sum(lengths) / len(lengths)
+            tokens[w] = stats.tokens_per_sequence / steps
     announce(f"window costs: whole decode steps measured in {_clock() - t0:.1f} s")
     _store_tables(path, {key: measured, key + "|tokens": tokens})
     return measured, tokens

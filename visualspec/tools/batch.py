@@ -342,7 +342,8 @@ def generate_batch(
         "pipe_kwargs": dict(sorted(pipe_kwargs.items())),
     }), lambda: _window_costs(pipe, decoding, metas, batch_size, pipe_kwargs))
     if config.get("window_costs"):
-        pipe_kwargs = {**pipe_kwargs, "window": recorded_policy(config["window_costs"])}
+        policy = recorded_policy(config["window_costs"])
+        pipe_kwargs = {**pipe_kwargs, getattr(pipe, "window_argument", "window"): policy}
 
     mine = [c for j, c in enumerate(chunks(len(metas), images_per_prompt, chunk_size)) if j % world_size == rank]
     my_prompts = sorted({i for c in mine for i, _ in c})

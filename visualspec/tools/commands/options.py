@@ -22,13 +22,19 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def window_arg(text: str):
-    if text == "auto":
-        return text
-    try:
-        return int(text)  # the pipeline names a value below 1
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--window must be an integer >= 1 or 'auto', got {text!r}") from None
+def int_or_auto(option: str):
+    """The parser of an option that takes an integer or ``auto`` (the pipeline names a value below 1)."""
+    def parse(text: str):
+        if text == "auto":
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} must be an integer >= 1 or 'auto', got {text!r}") from None
+    return parse
+
+
+window_arg = int_or_auto("--window")
 
 
 def on_off(text: str) -> bool:
@@ -84,7 +90,8 @@ IMAGE_OPTIONS = (
     ("lantern_delta", float, "LANTERN's budget (default: the model's own)"),
     ("judge_threshold", float, "--decoding judge: the judge score above which a draft is kept, in [0, 1] (default: "
                                "the judge's own)"),
-    ("k", int, "any-order models, --decoding assd: cells drafted per round (default: the folder's)"),
+    ("k", int_or_auto("--k"), "any-order models, --decoding assd: cells drafted per round, or 'auto': chosen "
+                              "per step from measured rounds, AR where none pays (default: the folder's)"),
     ("parallel_steps", int, "any-order models, --decoding parallel: forwards after the prefill (default: RandAR's "
                             "88 per 256 cells)"),
     ("gamma", int, "continuous tokens: drafts per step (default: the folder's)"),
