@@ -69,7 +69,7 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
 
     @classmethod
     def bench_settings(cls, mode: str) -> dict:
-        if mode.partition("+")[0] == "assd@auto":  # k chosen per step from measured rounds
+        if mode.partition("+")[0] == "assd@auto":  # k chosen from timed decodes
             return {**cls.bench_settings("assd" + mode[len("assd@auto"):]), "k": "auto"}
         settings = super().bench_settings(mode)
         return {k: int(v) if k in ("k", "parallel_steps") else v for k, v in settings.items()}
@@ -102,12 +102,11 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
 
         - ``decoding``: ``"assd"`` (lossless speculative), ``"ar"`` or ``"parallel"`` (lossy), above.
         - ``k``: the cells ASSD drafts per round (default: the folder's ``default_k``), or
-          ``"auto"``: chosen per step among 2, 4, 8 and 16 from the measured cost of whole ASSD
-          rounds at this batch size on this machine, beside plain AR's step, as the raster
-          pipeline's ``window="auto"`` chooses its window (measured once and kept on disk): the k
-          whose timed decode was fastest, every round of the call (a search that mixes k lost to
-          the best fixed k on the tuning prompts), or AR where none beat AR's decode (the stats'
-          mode then says so); or the policy :meth:`window_tables` returned.
+          ``"auto"``: among 2, 4, 8 and 16, the k whose whole ASSD decode, timed at this batch
+          size on this machine beside plain AR's (once, kept on disk, as the raster pipeline's
+          ``window="auto"``), was fastest, held for every round of the call (a search that mixes
+          k lost to the best fixed k on the tuning prompts), or AR where none beat AR's decode
+          (the stats' mode then says so); or the policy :meth:`window_tables` returned.
         - ``parallel_steps``: forwards after the prefill for ``"parallel"`` (default: RandAR's
           88 per 256 cells).
         - ``order``: the order of the cells, (cells,) or (B, cells) permutations of 0..cells-1;
@@ -167,7 +166,7 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
             if compiled:
                 model.precompile(prefix_of(list(range(slots))), num_tokens,
                                  ASSD_WINDOWS if auto else sorted({1, window}))
-            if window == "auto":  # whole ASSD rounds timed beside plain AR's step (as_ar where no k pays)
+            if window == "auto":  # whole ASSD decodes timed beside plain AR's (as_ar where no k pays)
                 window = self.auto_window(model, prefix_of(list(range(slots))), num_tokens, sampling, drafter,
                                           default_rule(sampling), windows=ASSD_WINDOWS, fixed=True)
             prefix = Requests(rows, prefix_of, slots) if slots < rows else prefix_of(list(range(rows)))
