@@ -187,8 +187,7 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         machine has no tables), for ``visualspec batch`` to record and pass back as ``k``; ``{}``
         where the call does not choose k: another decoding, or a fixed k."""
         decoding = call_kwargs.get("decoding", "assd")
-        k = call_kwargs.get("k") if call_kwargs.get("k") is not None else self.config.default_k
-        if decoding != "assd" or k != "auto":
+        if decoding != "assd" or self.folder_default("k", call_kwargs.get("k")) != "auto":
             return {}
         return super().window_tables(prompt, batch_size=batch_size, **call_kwargs)
 

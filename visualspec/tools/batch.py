@@ -219,8 +219,9 @@ def _check_metadata(out_dir, index: int, meta: dict) -> None:
 def _window_costs(pipe, decoding: str, metas: list, batch_size: int, pipe_kwargs: dict) -> dict | None:
     """The window policy ``window="auto"`` decodes with (``{"tables": ..., "tokens": ...}``, see
     the pipelines' ``window_tables``), found once with the run's own settings on a batch of its
-    first prompt; None when not needed: AR, a fixed window, or a pipeline without token windows."""
-    if decoding == "ar" or pipe_kwargs.get("window", "auto") != "auto":
+    first prompt; None when not needed: AR, a fixed window (or k: the pipeline's
+    ``window_argument``), or a pipeline without token windows."""
+    if decoding == "ar" or pipe_kwargs.get(getattr(pipe, "window_argument", "window"), "auto") != "auto":
         return None
     kw = {k: v for k, v in pipe_kwargs.items() if k != "window"}
     policy = pipe.window_tables([metas[0]["prompt"]], batch_size=batch_size, decoding=decoding, **kw)
