@@ -3,6 +3,7 @@
     python benchmarks/compiled_step.py                     # assets/shapes-t2i, batch 1 and 16, W = 1 and 8
     python benchmarks/compiled_step.py --batch-sizes 1 --windows 1 --threads 1
     python benchmarks/compiled_step.py --device cuda --batch-sizes 1 16 --windows 1 8   # CUDA graphs
+    python benchmarks/compiled_step.py --modes python auto python auto   # the C++ wrapper against Python's, twice
 
 For each batch size (guided: twice as many model rows) and window W, at the middle of the image,
 it times ``forward_window`` three ways, as medians of ``--repeats`` calls after a warm-up:
@@ -18,8 +19,9 @@ it times ``forward_window`` three ways, as medians of ``--repeats`` calls after 
 It prints milliseconds per forward, the compile time, the largest difference of the logits from
 eager's, and the compiled step's arithmetic rate (FLOPs counted by torch's FLOP counter) against
 the machine's float32 matmul rate measured on 2048 x 2048 products (on a GPU: 8192 x 8192, and
-every timed call is synchronised). The compiled step's mode is ``--mode`` (``auto``: CUDA graphs on
-a GPU). The arithmetic of a step is reported beside them (``--profile``: the time in matmul
+every timed call is synchronised). The compiled step's modes are ``--modes``, a row each (``auto``:
+CUDA graphs on a GPU, inductor's C++ wrapper on a CPU; ``python``: torch's default mode, kernels
+called from Python; any other value is torch's mode of that name). The arithmetic of a step is reported beside them (``--profile``: the time in matmul
 and attention kernels against the rest).
 """
 
@@ -77,7 +79,8 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--mode", default="auto", help="torch.compile's mode for the compiled step")
+    parser.add_argument("--modes", nargs="+", default=["auto"],
+                        help="modes of the compiled step, a row each: auto, python (torch's default) or a torch mode")
     add_device_option(parser)
     parser.add_argument("--profile", action="store_true", help="also the share of matmul and attention kernels")
     args = parser.parse_args(argv)
@@ -92,9 +95,9 @@ def main(argv=None) -> int:
     peak = matmul_peak_flops(device, n)
     print(f"{folder}: {machine_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"float32 matmul peak {peak / 1e9:.0f} GFLOP/s ({n} x {n} products)")
-    print("| batch | W | eager ms | static ms | compiled ms | compile s | max abs diff | kernel share (eager) | "
+    print("| batch | W | mode | eager ms | static ms | compiled ms | compile s | max abs diff | kernel share (eager) | "
           "GFLOP/s compiled | share of peak |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     with torch.no_grad():
         for batch in args.batch_sizes:
             prefix = pipe._prefix(model, pipe._conditions(["a photo of a red circle"] * batch, None, 1), sampling)
@@ -113,19 +116,21 @@ def main(argv=None) -> int:
                 model.prefill(prefix, model.config.block_size)
                 static_ms = median_ms(step, args.repeats)
                 model.static_step = False
-                model.compile_step(True, mode=args.mode)  # static, half of the cache slots a bucket
-                t0 = time.perf_counter()
-                model.precompile(prefix, model.config.block_size, [W])
-                synchronize(device)
-                compile_s = time.perf_counter() - t0
-                model.prefill(prefix, model.config.block_size)
-                out = model.forward_window(tokens, start)
-                compiled_ms = median_ms(step, args.repeats)
-                diff = (out - eager).abs().max().item()
-                model.compile_step(False)
-                rate = flops / (compiled_ms / 1e3)
-                print(f"| {batch} | {W} | {eager_ms:.2f} | {static_ms:.2f} | {compiled_ms:.2f} | {compile_s:.1f} | "
-                      f"{diff:.1e} | {share:.2f} | {rate / 1e9:.1f} | {rate / peak:.3f} |", flush=True)
+                for mode in args.modes:
+                    model.compile_step(True, mode=None if mode == "python" else mode)  # static, half the slots a bucket
+                    t0 = time.perf_counter()
+                    model.precompile(prefix, model.config.block_size, [W])
+                    synchronize(device)
+                    compile_s = time.perf_counter() - t0
+                    model.prefill(prefix, model.config.block_size)
+                    out = model.forward_window(tokens, start)
+                    compiled_ms = median_ms(step, args.repeats)
+                    diff = (out - eager).abs().max().item()
+                    model.compile_step(False)
+                    rate = flops / (compiled_ms / 1e3)
+                    print(f"| {batch} | {W} | {mode} | {eager_ms:.2f} | {static_ms:.2f} | {compiled_ms:.2f} | "
+                          f"{compile_s:.1f} | {diff:.1e} | {share:.2f} | {rate / 1e9:.1f} | {rate / peak:.3f} |",
+                          flush=True)
     return 0
 
 

@@ -290,13 +290,13 @@ class DiffusionHead(nn.Module):
         torch compiles once for one row, once for more); ``enabled=False``: eager again. A head
         compiled already keeps its graphs. The steps and their noise are unchanged, so the tokens
         are the eager ones up to float rounding."""
-        from visualspec.core.compiled import compile_mode
+        from visualspec.core.compiled import compile_in_mode, compile_mode
 
         if not enabled:
             self._compiled_step = None
         elif self._compiled_step is None:
-            self._compiled_step = torch.compile(self.denoise_steps, dynamic=True,
-                                                mode=compile_mode(mode, next(self.parameters()).device))
+            self._compiled_step = compile_in_mode(self.denoise_steps, compile_mode(mode, next(self.parameters()).device),
+                                                  dynamic=True)
 
     def noise(self, rows: int, generator=None, device=None) -> dict:
         """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).

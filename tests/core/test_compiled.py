@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_llamagen
-from visualspec.core.compiled import StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
+from visualspec.core.compiled import CPP_WRAPPER, StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
 from visualspec.core.engine import decode
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import JacobiDrafter
@@ -42,9 +42,15 @@ def test_compile_takes_true_false_or_auto(bad):
         check_compile(good)
 
 
-def test_the_automatic_mode_captures_cuda_graphs_on_a_gpu_only():
+def test_the_automatic_mode_captures_cuda_graphs_on_a_gpu_and_calls_kernels_from_cpp_on_a_cpu():
     assert compile_mode("auto", torch.device("cuda:1")) == "reduce-overhead"
+    assert compile_mode("auto", "cpu") == CPP_WRAPPER
+
+
+def test_the_cpp_wrapper_can_be_turned_off_for_a_cpu(monkeypatch):
+    monkeypatch.setenv("VISUALSPEC_CPP_WRAPPER", "0")
     assert compile_mode("auto", "cpu") is None
+    assert compile_mode("auto", "cuda") == "reduce-overhead"
     assert compile_mode("max-autotune", "cpu") == "max-autotune" and compile_mode(None, "cuda") is None
 
 

@@ -94,14 +94,30 @@ def compiled_step(model, compile, prefix_of: Callable[[int], Any], num_tokens: i
     return bool(compile)
 
 
+CPP_WRAPPER = "cpp-wrapper"  # our name for inductor's C++ wrapper (``options={"cpp_wrapper": True}``), not a torch mode
+
+
 def compile_mode(mode: str | None, device: torch.device) -> str | None:
     """``torch.compile``'s mode for a step on ``device``. ``"auto"``: ``"reduce-overhead"`` on a CUDA
     device (the step is captured in a CUDA graph and replayed with one launch, as gpt-fast does: a
-    decode step of small matrices is bound by launching its kernels), the default (``None``)
-    elsewhere, where there is no graph to capture. Any other value is passed on as given."""
+    decode step of small matrices is bound by launching its kernels); elsewhere :data:`CPP_WRAPPER`,
+    inductor's C++ wrapper, which calls a graph's kernels from C++ instead of from Python: a CPU has
+    no graph to capture, and a decode step of small matrices is bound there by calling its kernels
+    (docs/experiments/2026-11-29-cpu-cpp-wrapper.md); with ``VISUALSPEC_CPP_WRAPPER=0`` in the
+    environment, torch's default there instead (``None``: kernels called from Python), e.g. where
+    the C++ wrapper will not build. Any other value is passed on as given."""
     if mode == "auto":
-        return "reduce-overhead" if torch.device(device).type == "cuda" else None
+        if torch.device(device).type == "cuda":
+            return "reduce-overhead"
+        return None if os.environ.get("VISUALSPEC_CPP_WRAPPER", "1") == "0" else CPP_WRAPPER
     return mode
+
+
+def compile_in_mode(fn: Callable, mode: str | None, dynamic: bool = False) -> Callable:
+    """``torch.compile(fn)`` in ``mode`` (a torch mode, or :data:`CPP_WRAPPER`)."""
+    if mode == CPP_WRAPPER:
+        return torch.compile(fn, dynamic=dynamic, options={"cpp_wrapper": True})
+    return torch.compile(fn, dynamic=dynamic, mode=mode)
 
 
 def step_compiler(current: "StepCompiler | None", fn: Callable, name: str, describe: Callable[[Hashable], str],
@@ -142,7 +158,7 @@ class StepCompiler:
     """One compiled function, called with a bucket key that names the shapes of its arguments.
 
     ``name`` describes the step in messages; ``describe(key)`` its bucket; ``mode`` is
-    ``torch.compile``'s. Under ``"reduce-overhead"`` (CUDA graphs) each call starts a new graph step
+    ``torch.compile``'s, or :data:`CPP_WRAPPER`. Under ``"reduce-overhead"`` (CUDA graphs) each call starts a new graph step
     and its output is copied out of the graph's memory, which the next replay overwrites.
     ``compile_s`` holds
     each compiled bucket's first-call seconds (the compile), ``eager`` the buckets that ran eagerly
@@ -152,7 +168,7 @@ class StepCompiler:
     def __init__(self, fn: Callable, name: str, describe: Callable[[Hashable], str] = str, max_graphs: int = 48,
                  mode: str | None = None):
         self.fn, self.name, self.describe, self.max_graphs, self.mode = fn, name, describe, max_graphs, mode
-        self.compiled = torch.compile(fn, dynamic=False, mode=mode)
+        self.compiled = compile_in_mode(fn, mode)
         self.compile_s: dict[Hashable, float] = {}
         self.eager: set[Hashable] = set()
 
