@@ -201,3 +201,14 @@ def test_a_second_prefill_empties_and_reuses_the_cache_buffers(compiled_pair):
     torch.testing.assert_close(eager.forward_window(tokens, 0), first)
     eager.prefill(tuple(x[:2] for x in prefix), 16)
     assert eager._cache[0][0].shape[0] == 2 and eager._cache[0][0].data_ptr() not in buffers
+
+
+def test_a_compiled_steps_costs_are_kept_apart_per_wrapper(monkeypatch):
+    from visualspec.core.window_costs import cost_signature
+
+    model = tiny_llamagen()
+    cpp, eager = cost_signature(model, 2, 4, compiled=True), cost_signature(model, 2, 4, compiled=False)
+    monkeypatch.setenv("VISUALSPEC_CPP_WRAPPER", "0")
+    assert cost_signature(model, 2, 4, compiled=True) != cpp  # timed under another wrapper: not reused
+    assert cost_signature(model, 2, 4, compiled=False) == eager
+    assert cpp.endswith("|compiled") and f"mode={CPP_WRAPPER}" in cpp

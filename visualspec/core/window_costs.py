@@ -210,15 +210,21 @@ def cost_signature(model, rows: int, max_new_tokens: int, compiled: bool | None 
     """The cache key of a cost table: model class, a hash of its config, parameter dtype, device
     type, machine, torch threads, torch and visualspec code versions (:func:`code_version`), model
     batch rows and ``max_new_tokens``, and ``|compiled`` for a compiled step (default: whether the
-    model's ``compiled_step`` is on)."""
+    model's ``compiled_step`` is on), which also names the automatic compile mode in force
+    (:func:`visualspec.core.compiled.compile_mode`: ``VISUALSPEC_CPP_WRAPPER=0`` times its own)."""
     if compiled is None:
         compiled = bool(getattr(model, "compiled_step", False))
     param = first_parameter(model)
     dtype, device = (str(param.dtype), param.device) if param is not None else ("unknown", torch.device("cpu"))
+    mode = []
+    if compiled:
+        from .compiled import compile_mode  # that module reads this one's tables
+
+        mode = [f"mode={compile_mode('auto', device)}"]
     return "|".join([type(model).__name__, f"config={config_hash(model)}", dtype.replace("torch.", ""), device.type,
                      machine_name(device), platform.machine(), f"threads={torch.get_num_threads()}",
-                     f"torch={torch.__version__}", f"code={code_version()}", f"rows={rows}", f"new={max_new_tokens}"]
-                    + (["compiled"] if compiled else []))
+                     f"torch={torch.__version__}", f"code={code_version()}", *mode, f"rows={rows}",
+                     f"new={max_new_tokens}"] + (["compiled"] if compiled else []))
 
 
 def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
