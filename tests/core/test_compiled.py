@@ -42,7 +42,8 @@ def test_compile_takes_true_false_or_auto(bad):
         check_compile(good)
 
 
-def test_the_automatic_mode_captures_cuda_graphs_on_a_gpu_and_calls_kernels_from_cpp_on_a_cpu():
+def test_the_automatic_mode_captures_cuda_graphs_on_a_gpu_and_calls_kernels_from_cpp_on_a_cpu(monkeypatch):
+    monkeypatch.delenv("VISUALSPEC_CPP_WRAPPER", raising=False)
     assert compile_mode("auto", torch.device("cuda:1")) == "reduce-overhead"
     assert compile_mode("auto", "cpu") == CPP_WRAPPER
 
@@ -206,6 +207,7 @@ def test_a_second_prefill_empties_and_reuses_the_cache_buffers(compiled_pair):
 def test_a_compiled_steps_costs_are_kept_apart_per_wrapper(monkeypatch):
     from visualspec.core.window_costs import cost_signature
 
+    monkeypatch.delenv("VISUALSPEC_CPP_WRAPPER", raising=False)
     model = tiny_llamagen()
     cpp, eager = cost_signature(model, 2, 4, compiled=True), cost_signature(model, 2, 4, compiled=False)
     monkeypatch.setenv("VISUALSPEC_CPP_WRAPPER", "0")
