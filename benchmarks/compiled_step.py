@@ -21,8 +21,8 @@ eager's, and the compiled step's arithmetic rate (FLOPs counted by torch's FLOP 
 the machine's float32 matmul rate measured on 2048 x 2048 products (on a GPU: 8192 x 8192, and
 every timed call is synchronised). The compiled step's modes are ``--modes``, a row each (``auto``:
 CUDA graphs on a GPU, inductor's C++ wrapper on a CPU; ``python``: torch's default mode, kernels
-called from Python; any other value is torch's mode of that name). The arithmetic of a step is reported beside them (``--profile``: the time in matmul
-and attention kernels against the rest).
+called from Python; any other value is torch's mode of that name). The arithmetic of a step is
+reported beside them (``--profile``: the time in matmul and attention kernels against the rest).
 """
 
 from __future__ import annotations

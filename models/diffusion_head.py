@@ -295,8 +295,8 @@ class DiffusionHead(nn.Module):
         if not enabled:
             self._compiled_step = None
         elif self._compiled_step is None:
-            self._compiled_step = compile_in_mode(self.denoise_steps, compile_mode(mode, next(self.parameters()).device),
-                                                  dynamic=True)
+            mode = compile_mode(mode, next(self.parameters()).device)
+            self._compiled_step = compile_in_mode(self.denoise_steps, mode, dynamic=True)
 
     def noise(self, rows: int, generator=None, device=None) -> dict:
         """Fresh noise for one token per row: ``x_T`` (rows, D) and ``eps`` (steps, rows, D).

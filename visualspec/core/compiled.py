@@ -158,8 +158,9 @@ class StepCompiler:
     """One compiled function, called with a bucket key that names the shapes of its arguments.
 
     ``name`` describes the step in messages; ``describe(key)`` its bucket; ``mode`` is
-    ``torch.compile``'s, or :data:`CPP_WRAPPER`. Under ``"reduce-overhead"`` (CUDA graphs) each call starts a new graph step
-    and its output is copied out of the graph's memory, which the next replay overwrites.
+    ``torch.compile``'s, or :data:`CPP_WRAPPER`. Under ``"reduce-overhead"`` (CUDA graphs) each call
+    starts a new graph step and its output is copied out of the graph's memory, which the next
+    replay overwrites.
     ``compile_s`` holds
     each compiled bucket's first-call seconds (the compile), ``eager`` the buckets that ran eagerly
     past ``max_graphs``.
