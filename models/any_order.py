@@ -275,10 +275,10 @@ class AnyOrderGPT(LlamaGenGPT):
                                                  mode, self.tok_embeddings.weight.device)
 
     @torch.no_grad()
-    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False) -> None:
+    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False, post=None) -> None:
         """:meth:`LlamaGenGPT.precompile`, and the draft forward of every window's k = window - 1
         (then prefill again before decoding)."""
-        super().precompile(prefix, max_new_tokens, windows, features)
+        super().precompile(prefix, max_new_tokens, windows, features, post)
         rows = self._split_prefix(prefix)[0].shape[0]
         todo = [w - 1 for w in sorted(set(windows)) if 1 < w - 1 <= self._scratch_slots + 1]
         if todo:

@@ -38,7 +38,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from visualspec.core.compiled import COMPILED_WINDOWS, bucket_slots, fixed_address, step_compiler
+from visualspec.core.compiled import COMPILED_WINDOWS, bucket_slots, dense, fixed_address, step_compiler
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
 from .hf import linear_rows
@@ -417,19 +417,35 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             self._key_valid[rows, :T] = cond_mask.bool()
         return _last(self._run(x, torch.arange(T, device=x.device).expand(len(rows), T), rows, features=features))
 
-    def forward_window(self, tokens: torch.Tensor, start, features: bool = False):
+    #: :meth:`forward_window` takes ``post`` (the engine's sampling, run inside the step)
+    takes_post = True
+
+    def forward_window(self, tokens: torch.Tensor, start, features: bool = False, post=None, post_args=()):
         """Image tokens (B, L), row b at image positions start[b]..start[b]+L-1 (``start`` an int or
         (B,) tensor) -> logits (B, L, V) (with ``features``, and the hidden states (B, L, D) the head
         read). Positions past the last image token are clamped to it: they are fillers of rows that
-        end inside the window, never read by a real token."""
+        end inside the window, never read by a real token.
+
+        ``post(logits, *post_args)``, if given, is applied to the logits inside the step, in its
+        compiled graph where the step is compiled (the engine's :class:`~visualspec.core.sampling.
+        StepSampler`), and its result is returned in their place; ``post_args`` are tensors of one
+        row per model row, padded with zeros as the step pads its rows. ``post`` must be hashable:
+        each distinct one gets its own graphs."""
         if self._cache is None:
             raise RuntimeError("call prefill() before forward_window()")
         B, L = tokens.shape[:2]  # (B, L) token ids, or (B, L, D) continuous tokens of a subclass
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         pos = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(max=self._max_new - 1)
         if self._compiled and L <= COMPILED_WINDOWS and 2 * B > self._key_valid.shape[0]:
-            return self._compiled_window(tokens, pos, features)
-        return self._window(tokens, pos, features=features)
+            return self._compiled_window(tokens, pos, features, post, post_args)
+        return self._step(tokens, pos, None, features, post, *post_args)
+
+    def _step(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None, features: bool, post, *post_args):
+        """:meth:`_window`, then ``post`` on its logits (what the compiled step compiles)."""
+        out = self._window(tokens, pos, attended, features)
+        if post is None:
+            return out
+        return (post(out[0], *post_args), out[1]) if features else post(out, *post_args)
 
     def _window(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None = None, features: bool = False):
         """The window forward at image positions ``pos`` (B, L), attending ``attended`` cache
@@ -475,7 +491,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         window length, compiled once each (:meth:`precompile`, announced) and never mid-step.
         Trees, prefills and refills stay eager."""
         if enabled:
-            self._compiler = step_compiler(self._compiler, self._window, f"the {type(self).__name__} decode step",
+            self._compiler = step_compiler(self._compiler, self._step, f"the {type(self).__name__} decode step",
                                            _describe_bucket, mode, self.tok_embeddings.weight.device)
         self._compiled = bool(enabled)
 
@@ -485,11 +501,13 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         return self._compiled
 
     @torch.no_grad()
-    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False) -> None:
+    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False, post=None) -> None:
         """Compile every bucket a decode of ``prefix`` with these window lengths can step through
         (each slot bucket of each window, without gradients, as decoding runs), so that none
-        compiles inside a decode (or a timed call). When one is missing, runs a prefill and
-        leaves junk in the cache: prefill again before decoding."""
+        compiles inside a decode (or a timed call); with ``post``, the graphs that run it
+        (:meth:`forward_window`; ``post.example_args(rows, window, device)`` gives arguments of
+        its shapes). When one is missing, runs a prefill and leaves junk in the cache: prefill
+        again before decoding."""
         cond = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
         rows, cls = cond.shape[0], self._prefix_length(prefix)
         total = cls + max_new_tokens
@@ -499,17 +517,20 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
                    for attended in sorted({bucket_slots(n, total) for n in range(cls + window, total + 1)})]
         todo = [(window, attended) for window, attended in buckets
                 if _bucket(rows, window, attended, total, total + self._scratch_slots, dtype, cond.device, features)
-                not in self._compiler.compile_s]
+                + (post,) not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)
         for window, attended in todo:
             start = min(attended - cls - window, max_new_tokens - window)
-            self.forward_window(torch.zeros(rows, window, dtype=torch.long, device=cond.device), start, features=features)
+            args = post.example_args(rows, window, cond.device) if post is not None else ()
+            self.forward_window(torch.zeros(rows, window, dtype=torch.long, device=cond.device), start, features=features,
+                                post=post, post_args=args)
 
-    def _compiled_window(self, tokens: torch.Tensor, pos: torch.Tensor, features: bool = False):
-        """The window forward through the compiled graph of its bucket: every cache row (the
-        rows of finished images padded in, writing only into their own rows), slots a bucket of
-        the cache."""
+    def _compiled_window(self, tokens: torch.Tensor, pos: torch.Tensor, features: bool = False, post=None,
+                         post_args=()):
+        """The window forward (and ``post``) through the compiled graph of its bucket: every cache
+        row (the rows of finished images padded in, writing only into their own rows; ``post_args``
+        padded likewise), slots a bucket of the cache."""
         B, L = tokens.shape[:2]
         rows, total = self._key_valid.shape
         # the slots up to the furthest position, in a bucket: read on a CPU, where the read is free and
@@ -518,11 +539,12 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         attended = (bucket_slots(self._image_start + int(pos.max()) + 1, total) if pos.device.type == "cpu"
                     else total)
         if rows > B:
-            tokens = torch.cat([tokens, tokens.new_zeros(rows - B, *tokens.shape[1:])])
-            pos = torch.cat([pos, pos.new_zeros(rows - B, L)])
+            tokens, pos, *post_args = [torch.cat([x, x.new_zeros(rows - B, *x.shape[1:])])
+                                       for x in (tokens, pos, *post_args)]
         cache = self._cache[0][0]  # its slots grow past ``total`` once a tree needs scratch slots
-        key = _bucket(rows, L, attended, total, cache.shape[2], cache.dtype, cache.device, features)
-        out = self._compiler(key, tokens.contiguous(), pos.contiguous(), attended, features)  # one layout per bucket
+        key = _bucket(rows, L, attended, total, cache.shape[2], cache.dtype, cache.device, features) + (post,)
+        out = self._compiler(key, tokens.contiguous(), pos.contiguous(), attended, features, post,  # one layout
+                             *[dense(x) for x in post_args])                                      # per bucket
         return (out[0][:B], out[1][:B]) if features else out[:B]
 
     def crop(self, lengths) -> None:
@@ -649,5 +671,6 @@ def _last(out):
 
 
 def _describe_bucket(key) -> str:
-    rows, window, attended, total, *_ = key
-    return f"{rows} model rows, window {window}, {attended} of {total} cache slots"
+    rows, window, attended, total, *_, post = key
+    then = "" if post is None else ", drawing its tokens" if getattr(post, "draw", False) else ", with its sampling"
+    return f"{rows} model rows, window {window}, {attended} of {total} cache slots{then}"

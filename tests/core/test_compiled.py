@@ -9,7 +9,7 @@ import torch
 
 from conftest import tiny_llamagen
 from visualspec.core.compiled import CPP_WRAPPER, StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
-from visualspec.core.engine import decode
+from visualspec.core.engine import decode, step_sampler
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import JacobiDrafter
 
@@ -161,7 +161,7 @@ def test_decodes_with_the_compiled_step_give_the_eager_tokens(compiled_pair, win
     eager, compiled = compiled_pair
     prefix, sampling = _prefix(eager), SamplingConfig(temperature=temperature)
     drafter = None if window == 1 else JacobiDrafter(32)
-    compiled.precompile(prefix, 16, [window])
+    compiled.precompile(prefix, 16, [window], post=step_sampler(compiled, sampling, draws=drafter is None))
     graphs = set(compiled._compiler.compile_s)
     ref, _ = decode(eager, prefix, 16, sampling, drafter=drafter, window=window,
                     generator=torch.Generator().manual_seed(3))
@@ -170,6 +170,38 @@ def test_decodes_with_the_compiled_step_give_the_eager_tokens(compiled_pair, win
     assert torch.equal(out, ref)
     assert stats.target_forwards < 17 if window > 1 else stats.target_forwards == 16
     assert set(compiled._compiler.compile_s) == graphs
+
+
+@torch.no_grad()
+def test_the_sampling_inside_the_compiled_step_gives_the_engines_own_tokens(compiled_pair):
+    """The compiled step samples inside its graph (guidance pairing rows, the epsilon cut-off,
+    top-k; AR's token drawn there at the rule's own uniform) and gives the tokens of the engine
+    sampling outside the step (a target that takes no sampler), with rows finishing apart (a stop
+    token; Jacobi's ragged acceptance) so that the step pads its rows and the sampler's."""
+    eager, compiled = compiled_pair
+    sampling = SamplingConfig(temperature=1.0, guidance_scale=3.0, top_k=20, epsilon_cutoff=0.01)
+    caps, mask = _prefix(eager)
+    prefix = (torch.cat([caps, eager.null_condition(3).to(caps.dtype)]), torch.cat([mask, torch.ones_like(mask)]))
+    eager.takes_post = False  # the engine's own distributions and rule
+    try:
+        for drafter, window in ((None, 1), (JacobiDrafter(32), 4)):
+            post = step_sampler(compiled, sampling, draws=drafter is None)
+            assert post is not None and step_sampler(eager, sampling) is None
+            compiled.precompile(prefix, 16, [window], post=post)
+            graphs = set(compiled._compiler.compile_s)
+            padded = []
+            step = compiled._compiled_window
+            with mock.patch.object(compiled, "_compiled_window",
+                                   side_effect=lambda tokens, *a: padded.append(len(tokens) < 6) or step(tokens, *a)):
+                runs = [decode(model, prefix, 16, sampling, drafter=drafter, window=window, stop_token=8,
+                               generator=[torch.Generator().manual_seed(r) for r in range(3)])
+                        for model in (eager, compiled)]
+            (ref, _), (out, _) = runs
+            assert torch.equal(out, ref)
+            assert any(padded) and not all(padded), "a row should finish first, and the step pad its rows"
+            assert set(compiled._compiler.compile_s) == graphs  # the precompiled graphs ran the decode
+    finally:
+        del eager.takes_post
 
 
 @torch.no_grad()

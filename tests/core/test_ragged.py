@@ -111,15 +111,46 @@ def test_finished_rows_leave_the_batch():
     shapes = []
     original = model.forward_window
 
-    def spy(tokens, start):
+    def spy(tokens, start, **kw):
         shapes.append(tokens.shape[0])
-        return original(tokens, start)
+        return original(tokens, start, **kw)
 
     model.forward_window = spy
     _, stats = decode(model, _labels(range(6), PLAIN), 16, PLAIN, drafter=_jacobi(), window=5,
                       generator=_generators(range(6)))
     assert shapes[0] == 6 and shapes[-1] < 6 and shapes == sorted(shapes, reverse=True)
     assert stats.target_forwards == len(shapes) + 1
+
+
+class _KeepsRows:
+    """A target that cannot drop rows (no ``select``): finished rows stay in its batch, idle."""
+
+    def __init__(self, model, takes_post: bool):
+        self.model, self.vocab_size, self.takes_post = model, model.vocab_size, takes_post
+
+    def prefill(self, *args, **kw):
+        return self.model.prefill(*args, **kw)
+
+    def forward_window(self, *args, **kw):
+        return self.model.forward_window(*args, **kw)
+
+    def crop(self, lengths):
+        self.model.crop(lengths)
+
+
+@pytest.mark.parametrize("takes_post", [False, True], ids=["engine-sampled", "step-sampled"])
+def test_idle_rows_commit_nothing_in_one_token_steps(takes_post):
+    """AR steps over a batch whose finished rows cannot leave it (a stop token ends rows apart) give
+    each row the tokens it gets where finished rows leave: an idle row's steps commit nothing."""
+    model = tiny_llamagen(seed=2, vocab_size=16, block_size=16, std=0.3)
+    labels = _labels(range(4), GUIDED)
+    ref, ref_stats = decode(model, labels, 16, GUIDED, stop_token=3, generator=_generators(range(4)))
+    out, stats = decode(_KeepsRows(model, takes_post), labels, 16, GUIDED, stop_token=3,
+                        generator=_generators(range(4)))
+    stopped = (ref == 3).any(1)
+    assert stopped.any() and not stopped.all(), "some rows should stop early, others not"
+    assert torch.equal(out, ref) and torch.equal(stats.fixed_at, ref_stats.fixed_at)
+    assert torch.equal(stats.row_forwards, ref_stats.row_forwards)  # an idle row counts no forwards
 
 
 def test_bad_batches_get_clear_errors():

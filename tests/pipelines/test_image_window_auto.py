@@ -97,12 +97,15 @@ def test_ar_and_fixed_windows_time_nothing(pipe, priced, monkeypatch):
     asked, _ = priced
     compiled = []
     monkeypatch.setattr(llamagen, "compiled_step", lambda *args: True)
-    monkeypatch.setattr(pipe.transformer, "precompile", lambda prefix, n, windows, **kw: compiled.append(windows))
+    monkeypatch.setattr(pipe.transformer, "precompile",
+                        lambda prefix, n, windows, post=None, **kw: compiled.append((windows, post.draw)))
     assert pipe(PROMPT, decoding="ar", seed=0, output_type="latent").stats.target_forwards == 256
     pipe(PROMPT, decoding="sjd", window=4, seed=0, output_type="latent")
-    assert asked == [] and compiled == [[1], [4]]
+    # each with the sampler the engine runs inside the step: AR's draws its token, SJD's gives distributions
+    assert asked == [] and compiled == [([1], True), ([4], False)]
     pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
-    assert len(asked) == 1 and compiled[-1] == list(wc.WINDOWS)  # every window, before they are timed
+    # every window, before they are timed, and plain AR's step, should none beat it
+    assert len(asked) == 1 and compiled[-2:] == [(list(wc.WINDOWS), False), ([1], True)]
 
 
 def test_whole_steps_are_measured_once_and_kept(tmp_path, monkeypatch, capsys):

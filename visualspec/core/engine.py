@@ -38,7 +38,7 @@ import torch
 from .checks import check_int, check_positive_int, is_int
 from .constraints import TokenConstraints
 from .proactive import extra_nodes
-from .rows import _Run
+from .rows import _Run, step_sampler  # noqa: F401 (step_sampler: for pipelines precompiling steps)
 from .sampling import Generator, SamplingConfig
 from .stats import DecodeStats
 from .tree import _sibling_step
@@ -274,9 +274,10 @@ def decode(
         if tree_step:
             verdict, committed, target_probs, path = _sibling_step(run, drafts, draft_probs, siblings,
                                                                    min(sibling_depth, k))
+        elif k == 0 and run.step_draws is not None:  # plain AR: the target's step draws the token itself
+            verdict, committed, target_probs = run.forward_draw(), drafts, None
         else:
-            logits, features = run.forward_window(drafts)
-            target_probs = run.probs(logits, rows.positions(k + 1))
+            target_probs, features = run.forward_probs(drafts)
             verdict, committed = run.verify(drafts, draft_probs, target_probs, features), drafts
         run.step_done()
         # commit the accepted drafts and the emitted token; keep the cache and the drafter in step
@@ -285,7 +286,7 @@ def decode(
             search.observe(k + 1, verdict.num_accepted + 1, tree=siblings_now)
         if tree_step:
             run.keep(path, counts)
-        else:
+        elif k:  # a step without drafts keeps every position it fed: nothing to crop
             run.crop(n, counts)
         if features is not None and run.drafter_features:
             drafter.observe(n, counts, target_probs, gens, features=features)

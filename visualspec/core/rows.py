@@ -18,9 +18,9 @@ import torch
 
 from .checks import check_positive_int
 from .constraints import TokenConstraints
-from .sampling import Generator, SamplingConfig, row_generators
+from .sampling import Generator, SamplingConfig, StepSampler, row_generators, uniform
 from .stats import DecodeStats
-from .verify import Rule
+from .verify import Rule, Verdict, default_rule
 
 
 REPORT_EVERY_S = 0.1  # how often a decode reads its committed count for ``progress``
@@ -78,6 +78,8 @@ class _Rows:
         (b, ...), at most the tokens the row has left, at its positions n..; returns the counts (b,).
         ``judged`` (b, K) bool marks the drafts a judge alone accepted (kept in :attr:`judged`)."""
         trailing = emitted.shape[1:]  # continuous tokens carry their values along
+        if drafts.shape[1] == 0 and judged is None:
+            return self._commit_one(emitted)
         candidates = torch.cat([drafts, emitted[:, None]], 1)
         at = accepted.view(-1, 1, *[1] * len(trailing)).expand(-1, 1, *trailing)
         candidates = candidates.scatter(1, at, emitted[:, None])  # (b, K+1): window order
@@ -94,6 +96,26 @@ class _Rows:
             self.judged |= write & torch.cat([judged, torch.zeros_like(judged[:, :1])], 1).gather(1, index)
         self.n = self.n + counts
         self.most = min(self.N, self.most + candidates.shape[1])
+        return counts
+
+    def _commit_one(self, emitted: torch.Tensor) -> torch.Tensor:
+        """:meth:`commit` of a step without drafts: ``emitted`` (b, ...) at each row's position n,
+        in rows that have a token left (counts 1; else 0), in a few operations (an AR step): while
+        the host's bound :attr:`most` says every row has one left, without reading which."""
+        rows = torch.arange(len(self), device=self.n.device)
+        if self.most < self.N:
+            counts, at = torch.ones_like(self.n), self.n
+            self.seq = self.seq.index_put((rows, at), emitted.to(self.seq.dtype))
+            self.fixed = self.fixed.index_put((rows, at), self.forwards)
+        else:
+            counts, at = (self.n < self.N).long(), self.n.clamp(max=self.N - 1)
+            written = counts.bool().view(-1, *[1] * (emitted.dim() - 1))
+            self.seq = self.seq.index_put((rows, at), torch.where(written, emitted.to(self.seq.dtype),
+                                                                  self.seq[rows, at]))
+            self.fixed = self.fixed.index_put((rows, at), torch.where(counts.bool(), self.forwards,
+                                                                      self.fixed[rows, at]))
+        self.n = self.n + counts
+        self.most = min(self.N, self.most + 1)
         return counts
 
     def stop(self, token: int, start: torch.Tensor, counts: torch.Tensor) -> int:
@@ -145,6 +167,24 @@ class _Rows:
         self.req_ids = [self.req_ids[i] for i in rows.tolist()]
 
 
+def step_sampler(target, sampling: SamplingConfig, *, draws: bool = False, rule: Rule | None = None,
+                 constraints: TokenConstraints | None = None, features: bool = False) -> StepSampler | None:
+    """The :class:`~visualspec.core.sampling.StepSampler` a decode hands ``target``'s window forward
+    (its ``post``), so that the sampling runs inside the target's step, compiled with it: None where
+    the target takes none (no ``takes_post``), or where the step's distributions need what the
+    sampler does not hold (``constraints``' per-position tokens and scales) or the target's
+    features ride along. With ``draws`` (an AR step: no drafts, under ``rule``) the sampler also
+    draws the step's token, where the rule is the lossless one (``None``: it): such a step has
+    no drafts to verify, so it only samples its token from the target's distribution, as
+    :func:`~visualspec.core.verify.speculative_verify` (greedy: ``greedy_verify``) would with no
+    drafts. A pipeline precompiles the graphs of the samplers its decode will hand over."""
+    if not getattr(target, "takes_post", False) or constraints is not None or features:
+        return None
+    if draws and rule is not None and rule is not default_rule(sampling):
+        return None
+    return StepSampler(sampling, draw=draws)
+
+
 def _first_tokens(rule: Rule, p: torch.Tensor, generator) -> torch.Tensor:
     """Token 0 of each row straight from the prefill's distributions ``p`` (b, V): one exact step
     with no drafts."""
@@ -185,6 +225,10 @@ class _Run:
         self.drafter_features = drafter is not None and getattr(drafter, "wants_features", False)
         self.rule_features = getattr(rule, "wants_features", False)
         self.features = self.drafter_features or self.rule_features
+        # the target's step samples (or, with no drafter, also draws) inside itself, where it can
+        self.step_probs = step_sampler(target, sampling, constraints=constraints, features=self.features)
+        self.step_draws = (step_sampler(target, sampling, draws=True, rule=rule, constraints=constraints,
+                                        features=self.features) if drafter is None else None)
         if self.features and not hasattr(target, "feature_size"):
             reader = type(drafter if self.drafter_features else rule).__name__
             raise TypeError(f"{reader} reads the target's features, but {type(target).__name__} "
@@ -289,14 +333,44 @@ class _Run:
                                                                 self.target.vocab_size)
         return drafts, draft_probs
 
-    def forward_window(self, drafts: torch.Tensor):
+    def forward_window(self, drafts: torch.Tensor, **post):
         """One target forward over each row's window ``[x_{n-1}, drafts]`` at positions n-1..:
         the output (model rows, K+1, ...) at positions n..n+K, and the target's features at
-        positions n-1..n+K-1 (model rows, K+1, D) where the drafter reads them (else None)."""
+        positions n-1..n+K-1 (model rows, K+1, D) where the drafter reads them (else None).
+        ``post`` (``post=``, ``post_args=``) is handed to the target (:func:`step_sampler`)."""
         rows = self.rows
-        out = self.target.forward_window(rows.model(torch.cat([rows.last(), drafts], 1)), rows.model(rows.n - 1),
-                                         **self._feature_flag)
+        window = torch.cat([rows.last(), drafts], 1) if drafts.shape[1] else rows.last()
+        out = self.target.forward_window(rows.model(window), rows.model(rows.n - 1), **self._feature_flag, **post)
         return out if self.features else (out, None)
+
+    def forward_probs(self, drafts: torch.Tensor):
+        """:meth:`forward_window`, then the target's distributions there: ``(probs (b, K+1, V),
+        features or None)``, sampled inside the target's step where it can (:func:`step_sampler`)."""
+        if self.step_probs is None:
+            logits, features = self.forward_window(drafts)
+            return self.probs(logits, self.rows.positions(drafts.shape[1] + 1)), features
+        probs, _ = self.forward_window(drafts, post=self.step_probs, post_args=(self._partners(),))
+        return probs[:len(self.rows)], None
+
+    def forward_draw(self) -> Verdict:
+        """An AR step (no drafter) whose token the target's step draws itself (``step_draws``): the
+        uniform each row's rule would draw, drawn first, then one forward. Returns the rule's
+        verdict: nothing accepted, the drawn token next."""
+        rows, sampler = self.rows, self.step_draws
+        b = len(rows)
+        args = (self._partners(),)
+        if not sampler.sampling.greedy:  # greedy_verify draws nothing
+            args += (rows.model(uniform((b,), rows.generator, device=rows.n.device))[:, None],)
+        tokens, _ = self.forward_window(rows.seq.new_empty(b, 0), post=sampler, post_args=args)
+        return Verdict(torch.zeros_like(rows.n), tokens[:b, 0])
+
+    def _partners(self) -> torch.Tensor:
+        """The guidance pairs of the model rows now (:meth:`SamplingConfig.paired_rows`), made once
+        per batch size."""
+        b = len(self.rows)
+        if getattr(self, "_partner_rows", (None, 0))[1] != b:
+            self._partner_rows = (self.sampling.paired_rows(b, self.rows.n.device), b)
+        return self._partner_rows[0]
 
     def verify(self, drafts: torch.Tensor, draft_probs, target_probs: torch.Tensor, features):
         """The rule's verdict on ``drafts``; a rule that reads the target's features (a judge) gets
@@ -308,8 +382,9 @@ class _Run:
                          features=features[:len(self.rows)])
 
     def step_done(self) -> None:
-        """A target forward ran: count it, for every row still decoding."""
-        self.rows.forwards += (self.rows.n < self.N).long()
+        """A target forward ran: count it, for every row still decoding (every row, while the host's
+        bound :attr:`_Rows.most` says so, without comparing)."""
+        self.rows.forwards += 1 if self.rows.most < self.N else (self.rows.n < self.N).long()
         self.stats.target_forwards += 1
 
     def _start(self, rows: torch.Tensor, requests: torch.Tensor, first: torch.Tensor) -> None:

@@ -99,11 +99,23 @@ class SamplingConfig:
         conditional logits with the same tokens kept); ``guidance`` (B, ..., 1) is the guidance
         scale per row and position, in place of ``guidance_scale``; see
         :mod:`visualspec.core.constraints` for both."""
-        guided = self.guide(logits, guidance).float()
+        cond = logits.chunk(2, dim=0)[0] if self.uses_guidance else logits
+        return self.guided_probs(self.guide(logits, guidance), cond, allowed)
+
+    def paired_rows(self, batch_size: int, device=None) -> torch.Tensor:
+        """For each model row of a batch of ``batch_size`` (:meth:`model_batch`'s layout), the row
+        guidance pairs it with: under guidance, row b's unconditional row B + b (and back); else
+        itself. :func:`guide_rows` reads it."""
+        rows = torch.arange(batch_size, device=device)
+        return torch.cat([rows + batch_size, rows]) if self.uses_guidance else rows
+
+    def guided_probs(self, guided: torch.Tensor, cond: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`probs` after guidance: ``guided`` logits (B, ..., V) and the conditional logits
+        ``cond`` (B, ..., V) the epsilon cut-off reads -> probabilities in float32."""
+        guided = guided.float()
         if allowed is not None:
             guided = guided.masked_fill(~allowed, float("-inf"))
         if self.epsilon_cutoff > 0:
-            cond = logits.chunk(2, dim=0)[0] if self.uses_guidance else logits
             if allowed is not None:
                 cond = cond.float().masked_fill(~allowed, float("-inf"))
             guided = filter_epsilon(guided, cond, self.epsilon_cutoff)
@@ -111,6 +123,49 @@ class SamplingConfig:
             return torch.nn.functional.one_hot(guided.argmax(-1), guided.shape[-1]).float()
         guided = filter_top_k_top_p(guided / self.temperature, self.top_k, self.top_p)
         return torch.softmax(guided, dim=-1)
+
+
+def guide_rows(logits: torch.Tensor, partner: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance row by row: ``partner[j] + scale * (logits[j] - partner[j])`` for
+    every model row j, its partner row read through ``partner`` (:meth:`SamplingConfig.paired_rows`)
+    in float32. A conditional row gets :meth:`SamplingConfig.guide`'s value; its unconditional row
+    gets a value nobody reads. Unlike ``guide``, it keeps every row, so a step that pads its rows to
+    a fixed count (a compiled graph) can run it on the padded rows."""
+    logits = logits.float()
+    other = logits[partner]
+    return other + scale * (logits - other)
+
+
+@dataclass(frozen=True)
+class StepSampler:
+    """What a token model's step does with its window's logits inside the step itself (compiled with
+    it, where the step is compiled: one graph instead of a graph and a dozen small eager calls).
+
+    Called as ``sampler(logits (R, L, V), partner (R,)[, u (R, L)])`` over model rows, padded ones
+    included (:meth:`SamplingConfig.paired_rows` pairs the rows for guidance). It returns each
+    row's distributions, :meth:`SamplingConfig.probs`'s (R, L, V), or where ``draw`` the token at
+    each uniform ``u`` (:func:`inverse_cdf`; greedy: the most likely token, ``u`` unread) (R, L).
+    The rows of a conditional model row are the sample's; the rest are junk for the caller to drop.
+    Frozen and hashable: equal samplers share a compiled graph."""
+
+    sampling: SamplingConfig
+    draw: bool = False
+
+    def __call__(self, logits: torch.Tensor, partner: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        s = self.sampling
+        guided = guide_rows(logits, partner, s.guidance_scale) if s.uses_guidance else logits
+        probs = s.guided_probs(guided, logits)
+        if not self.draw:
+            return probs
+        return probs.argmax(-1) if s.greedy else inverse_cdf(probs, u)
+
+    def example_args(self, model_rows: int, window: int, device=None) -> tuple:
+        """Arguments of the shapes and dtypes a step of ``model_rows`` rows and ``window`` tokens
+        hands it (to compile its graph before decoding)."""
+        partner = torch.zeros(model_rows, dtype=torch.long, device=device)
+        if self.draw and not self.sampling.greedy:
+            return partner, torch.zeros(model_rows, window, dtype=torch.float64, device=device)
+        return (partner,)
 
 
 def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float,
