@@ -229,6 +229,7 @@ class _Run:
         self.step_probs = step_sampler(target, sampling, constraints=constraints, features=self.features)
         self.step_draws = (step_sampler(target, sampling, draws=True, rule=rule, constraints=constraints,
                                         features=self.features) if drafter is None else None)
+        self._partner_rows = (None, -1)  # the guidance pairs of the model rows, and the batch size they are for
         if self.features and not hasattr(target, "feature_size"):
             reader = type(drafter if self.drafter_features else rule).__name__
             raise TypeError(f"{reader} reads the target's features, but {type(target).__name__} "
@@ -368,7 +369,7 @@ class _Run:
         """The guidance pairs of the model rows now (:meth:`SamplingConfig.paired_rows`), made once
         per batch size."""
         b = len(self.rows)
-        if getattr(self, "_partner_rows", (None, 0))[1] != b:
+        if self._partner_rows[1] != b:
             self._partner_rows = (self.sampling.paired_rows(b, self.rows.n.device), b)
         return self._partner_rows[0]
 
