@@ -9,7 +9,7 @@ import torch
 
 from ..core.checks import check_int, is_int
 from ..core.compiled import compiled_step
-from ..core.engine import Requests, decode, step_sampler
+from ..core.engine import Requests, decode, precompile_decode
 from ..core.parallel import decode_parallel
 from ..core.sampling import SamplingConfig, make_generator
 from ..core.stats import merge_decode_stats
@@ -163,12 +163,9 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
             drafter = AnySubsetDrafter(model) if decoding == "assd" else None
             auto = drafter is not None and (d["k"] == "auto" or isinstance(d["k"], WindowPolicy))
             window = 1 if drafter is None else d["k"] if auto else d["k"] + 1
-            if compiled and drafter is not None:  # with the sampler the engine runs inside them (step_sampler)
-                model.precompile(prefix_of(list(range(slots))), num_tokens,
-                                 ASSD_WINDOWS if auto else sorted({1, window}), post=step_sampler(model, sampling))
-            if compiled and (drafter is None or auto):  # plain AR's step (the policy's own, should no k pay)
-                model.precompile(prefix_of(list(range(slots))), num_tokens, [1],
-                                 post=step_sampler(model, sampling, draws=True))
+            if compiled:  # every step the decode (and its choice of k) can take, before timing them
+                precompile_decode(model, prefix_of(list(range(slots))), num_tokens, sampling,
+                                  ASSD_WINDOWS if auto else sorted({1, window}), drafts=drafter is not None, auto=auto)
             if window == "auto":  # whole ASSD decodes timed beside plain AR's (as_ar where no k pays)
                 window = self.auto_window(model, prefix_of(list(range(slots))), num_tokens, sampling, drafter,
                                           default_rule(sampling), windows=ASSD_WINDOWS, fixed=True)

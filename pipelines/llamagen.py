@@ -8,7 +8,7 @@ import torch
 
 from ..core.checks import check_int, check_probability
 from ..core.compiled import compiled_step
-from ..core.engine import Requests, decode, step_sampler
+from ..core.engine import Requests, decode, precompile_decode
 from ..core.sampling import SamplingConfig, make_generator
 from ..core.window import WINDOWS
 from ..models.llamagen import LlamaGenGPT
@@ -205,14 +205,9 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         window = 1 if drafter is None else window  # AR has no window to choose
         auto = window == "auto"
         if compiled:  # every step the decode (and its window search) can take, before timing them
-            if drafter is not None:  # with the sampler the engine runs inside them (step_sampler)
-                model.precompile(prefix_of(model, list(range(slots))), num_tokens,
-                                 [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
-                                 **({"features": True} if features or judge else {}),
-                                 post=step_sampler(model, sampling, features=bool(features or judge)))
-            if drafter is None or auto:  # plain AR's step (the policy's own, should no window beat it)
-                model.precompile(prefix_of(model, list(range(slots))), num_tokens, [1],
-                                 post=step_sampler(model, sampling, draws=True))
+            precompile_decode(model, prefix_of(model, list(range(slots))), num_tokens, sampling,
+                              [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
+                              drafts=drafter is not None, auto=auto, features=bool(features or judge))
         if auto and tree:  # sibling-tree steps: forward tables (a draft model's drafts priced with them)
             window = self.last_window_policy = window_policy(
                 model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots, siblings, sibling_depth,

@@ -38,7 +38,7 @@ import torch
 from .checks import check_int, check_positive_int, is_int
 from .constraints import TokenConstraints
 from .proactive import extra_nodes
-from .rows import _Run, step_sampler  # noqa: F401 (step_sampler: for pipelines precompiling steps)
+from .rows import _Run, step_sampler
 from .sampling import Generator, SamplingConfig
 from .stats import DecodeStats
 from .tree import _sibling_step
@@ -192,6 +192,20 @@ class Requests:
         check_positive_int("Requests.slots (the batch size)", self.slots)
 
 
+def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingConfig, windows, *, drafts: bool,
+                      auto: bool = False, features: bool = False) -> None:
+    """Compile, before a decode of ``prefix`` on ``target``'s compiled step (its ``precompile``),
+    every step graph the decode can take, with the sampler :func:`decode` hands each
+    (:func:`step_sampler`): with ``drafts``, the windows ``windows`` (``features``: steps that
+    return the target's features too); and plain AR's step, drawing its token, where there are no
+    drafts or the window is ``auto`` (its policy may decode as AR)."""
+    if drafts:
+        target.precompile(prefix, num_tokens, windows, **({"features": True} if features else {}),
+                          post=step_sampler(target, sampling, features=features))
+    if not drafts or auto:
+        target.precompile(prefix, num_tokens, [1], post=step_sampler(target, sampling, draws=True))
+
+
 @torch.no_grad()
 def decode(
     target: TokenModel,
@@ -275,7 +289,7 @@ def decode(
             verdict, committed, target_probs, path = _sibling_step(run, drafts, draft_probs, siblings,
                                                                    min(sibling_depth, k))
         elif k == 0 and run.step_draws is not None:  # plain AR: the target's step draws the token itself
-            verdict, committed, target_probs = run.forward_draw(), drafts, None
+            verdict, committed, target_probs = run.forward_draw(drafts), drafts, None
         else:
             target_probs, features = run.forward_probs(drafts)
             verdict, committed = run.verify(drafts, draft_probs, target_probs, features), drafts

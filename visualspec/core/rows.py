@@ -102,18 +102,16 @@ class _Rows:
         """:meth:`commit` of a step without drafts: ``emitted`` (b, ...) at each row's position n,
         in rows that have a token left (counts 1; else 0), in a few operations (an AR step): while
         the host's bound :attr:`most` says every row has one left, without reading which."""
-        rows = torch.arange(len(self), device=self.n.device)
+        rows, emitted = torch.arange(len(self), device=self.n.device), emitted.to(self.seq.dtype)
         if self.most < self.N:
-            counts, at = torch.ones_like(self.n), self.n
-            self.seq = self.seq.index_put((rows, at), emitted.to(self.seq.dtype))
-            self.fixed = self.fixed.index_put((rows, at), self.forwards)
-        else:
+            counts, at, tokens, marks = torch.ones_like(self.n), self.n, emitted, self.forwards
+        else:  # rows that have no token left keep what they hold
             counts, at = (self.n < self.N).long(), self.n.clamp(max=self.N - 1)
-            written = counts.bool().view(-1, *[1] * (emitted.dim() - 1))
-            self.seq = self.seq.index_put((rows, at), torch.where(written, emitted.to(self.seq.dtype),
-                                                                  self.seq[rows, at]))
-            self.fixed = self.fixed.index_put((rows, at), torch.where(counts.bool(), self.forwards,
-                                                                      self.fixed[rows, at]))
+            left = counts.bool()
+            tokens = torch.where(left.view(-1, *[1] * (emitted.dim() - 1)), emitted, self.seq[rows, at])
+            marks = torch.where(left, self.forwards, self.fixed[rows, at])
+        self.seq = self.seq.index_put((rows, at), tokens)
+        self.fixed = self.fixed.index_put((rows, at), marks)
         self.n = self.n + counts
         self.most = min(self.N, self.most + 1)
         return counts
@@ -353,16 +351,16 @@ class _Run:
         probs, _ = self.forward_window(drafts, post=self.step_probs, post_args=(self._partners(),))
         return probs[:len(self.rows)], None
 
-    def forward_draw(self) -> Verdict:
-        """An AR step (no drafter) whose token the target's step draws itself (``step_draws``): the
-        uniform each row's rule would draw, drawn first, then one forward. Returns the rule's
-        verdict: nothing accepted, the drawn token next."""
+    def forward_draw(self, drafts: torch.Tensor) -> Verdict:
+        """An AR step (no drafter: ``drafts`` (b, 0)) whose token the target's step draws itself
+        (``step_draws``): the uniform each row's rule would draw, drawn first, then one forward.
+        Returns the rule's verdict: nothing accepted, the drawn token next."""
         rows, sampler = self.rows, self.step_draws
         b = len(rows)
         args = (self._partners(),)
         if not sampler.sampling.greedy:  # greedy_verify draws nothing
             args += (rows.model(uniform((b,), rows.generator, device=rows.n.device))[:, None],)
-        tokens, _ = self.forward_window(rows.seq.new_empty(b, 0), post=sampler, post_args=args)
+        tokens, _ = self.forward_window(drafts, post=sampler, post_args=args)
         return Verdict(torch.zeros_like(rows.n), tokens[:b, 0])
 
     def _partners(self) -> torch.Tensor:

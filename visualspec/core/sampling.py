@@ -90,7 +90,7 @@ class SamplingConfig:
         if not self.uses_guidance:
             return logits
         cond, uncond = logits.float().chunk(2, dim=0)
-        return uncond + (self.guidance_scale if scale is None else scale) * (cond - uncond)
+        return classifier_free(cond, uncond, self.guidance_scale if scale is None else scale)
 
     def probs(self, logits: torch.Tensor, allowed: torch.Tensor | None = None,
               guidance: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,15 +125,20 @@ class SamplingConfig:
         return torch.softmax(guided, dim=-1)
 
 
+def classifier_free(cond: torch.Tensor, uncond: torch.Tensor, scale) -> torch.Tensor:
+    """Classifier-free guidance: ``uncond + scale * (cond - uncond)`` (``scale`` a number or a
+    tensor that broadcasts)."""
+    return uncond + scale * (cond - uncond)
+
+
 def guide_rows(logits: torch.Tensor, partner: torch.Tensor, scale: float) -> torch.Tensor:
-    """Classifier-free guidance row by row: ``partner[j] + scale * (logits[j] - partner[j])`` for
-    every model row j, its partner row read through ``partner`` (:meth:`SamplingConfig.paired_rows`)
-    in float32. A conditional row gets :meth:`SamplingConfig.guide`'s value; its unconditional row
-    gets a value nobody reads. Unlike ``guide``, it keeps every row, so a step that pads its rows to
-    a fixed count (a compiled graph) can run it on the padded rows."""
+    """Classifier-free guidance row by row (:func:`classifier_free`), in float32: every model row j
+    guided against its partner row ``partner[j]`` (:meth:`SamplingConfig.paired_rows`). A
+    conditional row gets :meth:`SamplingConfig.guide`'s value; its unconditional row gets a value
+    nobody reads. Unlike ``guide``, it keeps every row, so a step that pads its rows to a fixed
+    count (a compiled graph) can run it on the padded rows."""
     logits = logits.float()
-    other = logits[partner]
-    return other + scale * (logits - other)
+    return classifier_free(logits, logits[partner], scale)
 
 
 @dataclass(frozen=True)
