@@ -429,8 +429,8 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         ``post(logits, *post_args)``, if given, is applied to the logits inside the step, in its
         compiled graph where the step is compiled (the engine's :class:`~visualspec.core.sampling.
         StepSampler`), and its result is returned in their place; ``post_args`` are tensors of one
-        row per model row, padded with zeros as the step pads its rows. ``post`` must be hashable:
-        each distinct one gets its own graphs."""
+        row per model row (or None), padded with zeros as the step pads its rows; it may return a
+        tuple of such tensors. ``post`` must be hashable: each distinct one gets its own graphs."""
         if self._cache is None:
             raise RuntimeError("call prefill() before forward_window()")
         B, L = tokens.shape[:2]  # (B, L) token ids, or (B, L, D) continuous tokens of a subclass
@@ -522,7 +522,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             self.prefill(prefix, max_new_tokens)
         for window, attended in todo:
             start = min(attended - cls - window, max_new_tokens - window)
-            args = post.example_args(rows, window, cond.device) if post is not None else ()
+            args = post.example_args(rows, window, self.vocab_size, cond.device) if post is not None else ()
             self.forward_window(torch.zeros(rows, window, dtype=torch.long, device=cond.device), start, features=features,
                                 post=post, post_args=args)
 
@@ -539,13 +539,13 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         attended = (bucket_slots(self._image_start + int(pos.max()) + 1, total) if pos.device.type == "cpu"
                     else total)
         if rows > B:
-            tokens, pos, *post_args = [torch.cat([x, x.new_zeros(rows - B, *x.shape[1:])])
+            tokens, pos, *post_args = [x if x is None else torch.cat([x, x.new_zeros(rows - B, *x.shape[1:])])
                                        for x in (tokens, pos, *post_args)]
         cache = self._cache[0][0]  # its slots grow past ``total`` once a tree needs scratch slots
         key = _bucket(rows, L, attended, total, cache.shape[2], cache.dtype, cache.device, features) + (post,)
         out = self._compiler(key, tokens.contiguous(), pos.contiguous(), attended, features, post,  # one layout
-                             *[dense(x) for x in post_args])                                      # per bucket
-        return (out[0][:B], out[1][:B]) if features else out[:B]
+                             *[x if x is None else dense(x) for x in post_args])                  # per bucket
+        return (_first_rows(out[0], B), out[1][:B]) if features else _first_rows(out, B)
 
     def crop(self, lengths) -> None:
         """Static cache: positions >= length are simply overwritten later and masked until then."""
@@ -670,7 +670,13 @@ def _last(out):
     return (out[0][:, -1], out[1]) if isinstance(out, tuple) else out[:, -1]
 
 
+def _first_rows(out, rows: int):
+    """The first ``rows`` rows of a step's output: a tensor, or each tensor of a tuple (what a
+    ``post`` may return)."""
+    return tuple(x[:rows] for x in out) if isinstance(out, tuple) else out[:rows]
+
+
 def _describe_bucket(key) -> str:
     rows, window, attended, total, *_, post = key
-    then = "" if post is None else ", drawing its tokens" if getattr(post, "draw", False) else ", with its sampling"
+    then = "" if post is None else f", with its {getattr(post, 'label', 'post-processing')}"
     return f"{rows} model rows, window {window}, {attended} of {total} cache slots{then}"

@@ -161,7 +161,7 @@ def test_decodes_with_the_compiled_step_give_the_eager_tokens(compiled_pair, win
     eager, compiled = compiled_pair
     prefix, sampling = _prefix(eager), SamplingConfig(temperature=temperature)
     drafter = None if window == 1 else JacobiDrafter(32)
-    compiled.precompile(prefix, 16, [window], post=step_sampler(compiled, sampling, draws=drafter is None))
+    compiled.precompile(prefix, 16, [window], post=step_sampler(compiled, sampling, verifies=True))
     graphs = set(compiled._compiler.compile_s)
     ref, _ = decode(eager, prefix, 16, sampling, drafter=drafter, window=window,
                     generator=torch.Generator().manual_seed(3))
@@ -173,19 +173,21 @@ def test_decodes_with_the_compiled_step_give_the_eager_tokens(compiled_pair, win
 
 
 @torch.no_grad()
-def test_the_sampling_inside_the_compiled_step_gives_the_engines_own_tokens(compiled_pair):
-    """The compiled step samples inside its graph (guidance pairing rows, the epsilon cut-off,
-    top-k; AR's token drawn there at the rule's own uniform) and gives the tokens of the engine
-    sampling outside the step (a target that takes no sampler), with rows finishing apart (a stop
-    token; Jacobi's ragged acceptance) so that the step pads its rows and the sampler's."""
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_the_sampling_and_rule_inside_the_compiled_step_give_the_engines_own_tokens(compiled_pair, temperature):
+    """The compiled step samples and verifies inside its graph (guidance pairing rows, the epsilon
+    cut-off, top-k, then the lossless rule at the uniforms it would draw) and gives the tokens of
+    the engine sampling and verifying outside the step (a target that takes no sampler), with rows
+    finishing apart (a stop token; Jacobi's ragged acceptance) so that the step pads its rows and
+    the rule's arguments; sampled and greedy."""
     eager, compiled = compiled_pair
-    sampling = SamplingConfig(temperature=1.0, guidance_scale=3.0, top_k=20, epsilon_cutoff=0.01)
+    sampling = SamplingConfig(temperature=temperature, guidance_scale=3.0, top_k=20, epsilon_cutoff=0.01)
     caps, mask = _prefix(eager)
     prefix = (torch.cat([caps, eager.null_condition(3).to(caps.dtype)]), torch.cat([mask, torch.ones_like(mask)]))
     eager.takes_post = False  # the engine's own distributions and rule
     try:
         for drafter, window in ((None, 1), (JacobiDrafter(32), 4)):
-            post = step_sampler(compiled, sampling, draws=drafter is None)
+            post = step_sampler(compiled, sampling, verifies=True)
             assert post is not None and step_sampler(eager, sampling) is None
             compiled.precompile(prefix, 16, [window], post=post)
             graphs = set(compiled._compiler.compile_s)

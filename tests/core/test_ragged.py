@@ -138,15 +138,20 @@ class _KeepsRows:
         self.model.crop(lengths)
 
 
-@pytest.mark.parametrize("takes_post", [False, True], ids=["engine-sampled", "step-sampled"])
-def test_idle_rows_commit_nothing_in_one_token_steps(takes_post):
-    """AR steps over a batch whose finished rows cannot leave it (a stop token ends rows apart) give
-    each row the tokens it gets where finished rows leave: an idle row's steps commit nothing."""
+@pytest.mark.parametrize("window", [1, 4], ids=["AR", "Jacobi"])
+@pytest.mark.parametrize("takes_post", [False, True], ids=["engine-verified", "step-verified"])
+def test_idle_rows_commit_nothing(takes_post, window):
+    """AR and Jacobi steps over a batch whose finished rows cannot leave it (a stop token ends rows
+    apart) give each row the tokens it gets where finished rows leave: an idle row's steps commit
+    nothing, whether the engine or the target's step samples and verifies."""
     model = tiny_llamagen(seed=2, vocab_size=16, block_size=16, std=0.3)
     labels = _labels(range(4), GUIDED)
-    ref, ref_stats = decode(model, labels, 16, GUIDED, stop_token=3, generator=_generators(range(4)))
-    out, stats = decode(_KeepsRows(model, takes_post), labels, 16, GUIDED, stop_token=3,
-                        generator=_generators(range(4)))
+
+    def run(target):
+        return decode(target, labels, 16, GUIDED, stop_token=3, generator=_generators(range(4)), window=window,
+                      drafter=JacobiDrafter(16) if window > 1 else None)
+    ref, ref_stats = run(model)
+    out, stats = run(_KeepsRows(model, takes_post))
     stopped = (ref == 3).any(1)
     assert stopped.any() and not stopped.all(), "some rows should stop early, others not"
     assert torch.equal(out, ref) and torch.equal(stats.fixed_at, ref_stats.fixed_at)

@@ -193,17 +193,18 @@ class Requests:
 
 
 def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingConfig, windows, *, drafts: bool,
-                      auto: bool = False, features: bool = False) -> None:
+                      rule: Rule | None = None, auto: bool = False, features: bool = False) -> None:
     """Compile, before a decode of ``prefix`` on ``target``'s compiled step (its ``precompile``),
-    every step graph the decode can take, with the sampler :func:`decode` hands each
-    (:func:`step_sampler`): with ``drafts``, the windows ``windows`` (``features``: steps that
-    return the target's features too); and plain AR's step, drawing its token, where there are no
-    drafts or the window is ``auto`` (its policy may decode as AR)."""
+    every step graph the decode can take, with what :func:`decode` hands each step
+    (:func:`step_sampler`): with ``drafts``, the windows ``windows`` under ``rule`` (``features``:
+    steps that return the target's features too); and plain AR's step, where there are no drafts or
+    the window is ``auto`` (its policy may decode as AR, with the lossless rule)."""
     if drafts:
-        target.precompile(prefix, num_tokens, windows, **({"features": True} if features else {}),
-                          post=step_sampler(target, sampling, features=features))
+        post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features)
+                or step_sampler(target, sampling, features=features))
+        target.precompile(prefix, num_tokens, windows, **({"features": True} if features else {}), post=post)
     if not drafts or auto:
-        target.precompile(prefix, num_tokens, [1], post=step_sampler(target, sampling, draws=True))
+        target.precompile(prefix, num_tokens, [1], post=step_sampler(target, sampling, verifies=True))
 
 
 @torch.no_grad()
@@ -288,8 +289,8 @@ def decode(
         if tree_step:
             verdict, committed, target_probs, path = _sibling_step(run, drafts, draft_probs, siblings,
                                                                    min(sibling_depth, k))
-        elif k == 0 and run.step_draws is not None:  # plain AR: the target's step draws the token itself
-            verdict, committed, target_probs = run.forward_draw(drafts), drafts, None
+        elif run.step_verifies is not None:  # the lossless rule runs inside the target's step
+            (verdict, target_probs), committed = run.forward_verify(drafts, draft_probs), drafts
         else:
             target_probs, features = run.forward_probs(drafts)
             verdict, committed = run.verify(drafts, draft_probs, target_probs, features), drafts

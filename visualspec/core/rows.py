@@ -18,9 +18,9 @@ import torch
 
 from .checks import check_positive_int
 from .constraints import TokenConstraints
-from .sampling import Generator, SamplingConfig, StepSampler, row_generators, uniform
+from .sampling import Generator, SamplingConfig, StepSampler, row_generators
 from .stats import DecodeStats
-from .verify import Rule, Verdict, default_rule
+from .verify import Rule, StepVerifier, Verdict, default_rule, point_mass, rule_uniforms
 
 
 REPORT_EVERY_S = 0.1  # how often a decode reads its committed count for ``progress``
@@ -165,22 +165,24 @@ class _Rows:
         self.req_ids = [self.req_ids[i] for i in rows.tolist()]
 
 
-def step_sampler(target, sampling: SamplingConfig, *, draws: bool = False, rule: Rule | None = None,
-                 constraints: TokenConstraints | None = None, features: bool = False) -> StepSampler | None:
-    """The :class:`~visualspec.core.sampling.StepSampler` a decode hands ``target``'s window forward
-    (its ``post``), so that the sampling runs inside the target's step, compiled with it: None where
-    the target takes none (no ``takes_post``), or where the step's distributions need what the
-    sampler does not hold (``constraints``' per-position tokens and scales) or the target's
-    features ride along. With ``draws`` (an AR step: no drafts, under ``rule``) the sampler also
-    draws the step's token, where the rule is the lossless one (``None``: it): such a step has
-    no drafts to verify, so it only samples its token from the target's distribution, as
-    :func:`~visualspec.core.verify.speculative_verify` (greedy: ``greedy_verify``) would with no
-    drafts. A pipeline precompiles the graphs of the samplers its decode will hand over."""
+def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, rule: Rule | None = None,
+                 constraints: TokenConstraints | None = None, features: bool = False):
+    """What a decode hands ``target``'s window forward (its ``post``), so that the sampling runs
+    inside the target's step, compiled with it: the
+    :class:`~visualspec.core.sampling.StepSampler` (the distributions), or with ``verifies`` the
+    :class:`~visualspec.core.verify.StepVerifier` (the distributions and the lossless rule's
+    verdict), where ``rule`` is the lossless one (``None``: it). None where the target takes none
+    (no ``takes_post``), where the step's distributions need what the sampler does not hold
+    (``constraints``' per-position tokens and scales), where the target's features ride along,
+    or (``verifies``) where the rule is another. A pipeline precompiles the graphs of what its
+    decode will hand over (:func:`visualspec.core.engine.precompile_decode`)."""
     if not getattr(target, "takes_post", False) or constraints is not None or features:
         return None
-    if draws and rule is not None and rule is not default_rule(sampling):
+    if not verifies:
+        return StepSampler(sampling)
+    if rule is not None and rule is not default_rule(sampling):
         return None
-    return StepSampler(sampling, draw=draws)
+    return StepVerifier(sampling)
 
 
 def _first_tokens(rule: Rule, p: torch.Tensor, generator) -> torch.Tensor:
@@ -223,10 +225,10 @@ class _Run:
         self.drafter_features = drafter is not None and getattr(drafter, "wants_features", False)
         self.rule_features = getattr(rule, "wants_features", False)
         self.features = self.drafter_features or self.rule_features
-        # the target's step samples (or, with no drafter, also draws) inside itself, where it can
+        # the target's step samples (and, under the lossless rule, verifies) inside itself, where it can
         self.step_probs = step_sampler(target, sampling, constraints=constraints, features=self.features)
-        self.step_draws = (step_sampler(target, sampling, draws=True, rule=rule, constraints=constraints,
-                                        features=self.features) if drafter is None else None)
+        self.step_verifies = step_sampler(target, sampling, verifies=True, rule=rule, constraints=constraints,
+                                          features=self.features)
         self._partner_rows = (None, -1)  # the guidance pairs of the model rows, and the batch size they are for
         if self.features and not hasattr(target, "feature_size"):
             reader = type(drafter if self.drafter_features else rule).__name__
@@ -351,17 +353,20 @@ class _Run:
         probs, _ = self.forward_window(drafts, post=self.step_probs, post_args=(self._partners(),))
         return probs[:len(self.rows)], None
 
-    def forward_draw(self, drafts: torch.Tensor) -> Verdict:
-        """An AR step (no drafter: ``drafts`` (b, 0)) whose token the target's step draws itself
-        (``step_draws``): the uniform each row's rule would draw, drawn first, then one forward.
-        Returns the rule's verdict: nothing accepted, the drawn token next."""
-        rows, sampler = self.rows, self.step_draws
-        b = len(rows)
-        args = (self._partners(),)
-        if not sampler.sampling.greedy:  # greedy_verify draws nothing
-            args += (rows.model(uniform((b,), rows.generator, device=rows.n.device))[:, None],)
-        tokens, _ = self.forward_window(drafts, post=sampler, post_args=args)
-        return Verdict(torch.zeros_like(rows.n), tokens[:b, 0])
+    def forward_verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> tuple[Verdict, torch.Tensor]:
+        """One target forward whose step runs the lossless rule itself (``step_verifies``): the
+        uniforms the rule would draw (:func:`~visualspec.core.verify.rule_uniforms`), drawn first
+        from the rows' generators, then the forward. Returns the rule's verdict and the target's
+        distributions (b, K+1, V), as :meth:`forward_probs` and :meth:`verify` would."""
+        rows = self.rows
+        b, k, greedy = len(rows), drafts.shape[1], self.sampling.greedy
+        u, u_emit = (None, None) if greedy else rule_uniforms(drafts, rows.generator)
+        if k and not greedy and draft_probs is None:
+            draft_probs = point_mass(drafts, self.target.vocab_size)
+        args = [self._partners()] + [None if x is None else rows.model(x)
+                                     for x in (drafts if k else None, None if greedy else draft_probs, u, u_emit)]
+        (probs, accepted, tokens), _ = self.forward_window(drafts, post=self.step_verifies, post_args=args)
+        return Verdict(accepted[:b], tokens[:b]), probs[:b]
 
     def _partners(self) -> torch.Tensor:
         """The guidance pairs of the model rows now (:meth:`SamplingConfig.paired_rows`), made once

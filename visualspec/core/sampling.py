@@ -146,31 +146,25 @@ class StepSampler:
     """What a token model's step does with its window's logits inside the step itself (compiled with
     it, where the step is compiled: one graph instead of a graph and a dozen small eager calls).
 
-    Called as ``sampler(logits (R, L, V), partner (R,)[, u (R, L)])`` over model rows, padded ones
-    included (:meth:`SamplingConfig.paired_rows` pairs the rows for guidance). It returns each
-    row's distributions, :meth:`SamplingConfig.probs`'s (R, L, V), or where ``draw`` the token at
-    each uniform ``u`` (:func:`inverse_cdf`; greedy: the most likely token, ``u`` unread) (R, L).
-    The rows of a conditional model row are the sample's; the rest are junk for the caller to drop.
-    Frozen and hashable: equal samplers share a compiled graph."""
+    Called as ``sampler(logits (R, L, V), partner (R,))`` over model rows, padded ones included
+    (:meth:`SamplingConfig.paired_rows` pairs the rows for guidance), it returns each row's
+    distributions, :meth:`SamplingConfig.probs`'s (R, L, V). The rows of a conditional model row
+    are the sample's; the rest are junk for the caller to drop. The lossless rule runs after it in
+    the same step (:class:`visualspec.core.verify.StepVerifier`). Frozen and hashable: equal
+    samplers share a compiled graph."""
 
     sampling: SamplingConfig
-    draw: bool = False
+    label = "sampling"  # what a compiling step says it compiles with
 
-    def __call__(self, logits: torch.Tensor, partner: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, partner: torch.Tensor) -> torch.Tensor:
         s = self.sampling
         guided = guide_rows(logits, partner, s.guidance_scale) if s.uses_guidance else logits
-        probs = s.guided_probs(guided, logits)
-        if not self.draw:
-            return probs
-        return probs.argmax(-1) if s.greedy else inverse_cdf(probs, u)
+        return s.guided_probs(guided, logits)
 
-    def example_args(self, model_rows: int, window: int, device=None) -> tuple:
+    def example_args(self, model_rows: int, window: int, vocab_size: int, device=None) -> tuple:
         """Arguments of the shapes and dtypes a step of ``model_rows`` rows and ``window`` tokens
         hands it (to compile its graph before decoding)."""
-        partner = torch.zeros(model_rows, dtype=torch.long, device=device)
-        if self.draw and not self.sampling.greedy:
-            return partner, torch.zeros(model_rows, window, dtype=torch.float64, device=device)
-        return (partner,)
+        return (torch.zeros(model_rows, dtype=torch.long, device=device),)
 
 
 def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float,

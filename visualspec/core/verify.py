@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from .checks import check_int, check_probability
-from .sampling import Generator, SamplingConfig, sample, uniform
+from .sampling import Generator, SamplingConfig, StepSampler, inverse_cdf, uniform
 
 
 @dataclass
@@ -64,13 +64,25 @@ def _row_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), index]
 
 
-def _emit(num_accepted, stop_dist, target_probs, generator) -> Verdict:
-    """Sample the token at position ``num_accepted``: from ``stop_dist`` (B, V) after a rejection,
-    from the bonus row ``target_probs[:, K]`` when every draft was accepted."""
+def _emit(num_accepted, stop_dist, target_probs, u_emit) -> Verdict:
+    """The token at position ``num_accepted``, at quantile ``u_emit`` (B,): from ``stop_dist``
+    (B, V) after a rejection, from the bonus row ``target_probs[:, K]`` when every draft was
+    accepted."""
     K = target_probs.shape[1] - 1
     all_accepted = (num_accepted == K).unsqueeze(-1)
     dist = torch.where(all_accepted, target_probs[:, K], stop_dist)
-    return Verdict(num_accepted, sample(dist, generator))
+    return Verdict(num_accepted, inverse_cdf(dist, u_emit))
+
+
+def rule_uniforms(draft_tokens: torch.Tensor, generator: Generator = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uniforms a step of the speculative rule draws for ``draft_tokens`` (B, K), in its order:
+    one per draft (the acceptance tests, (B, K)), then one per row for the emitted token (B,).
+    Drawn up front, the rule can run where no generator reaches (inside a compiled step,
+    :class:`StepVerifier`) and still give the tokens it gives drawing them itself."""
+    B, K = draft_tokens.shape[:2]
+    device = draft_tokens.device
+    u = uniform((B, K), generator, device=device) if K else None
+    return u, uniform((B,), generator, device=device)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -95,29 +107,36 @@ def speculative_verify(draft_tokens, draft_probs, target_probs, generator: Gener
     SJD's probabilistic Jacobi criterion is exactly this rule with q_i the previous Jacobi
     iteration's distribution at that position (see :class:`visualspec.drafters.JacobiDrafter`).
     """
+    return speculative_verdict(draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator))
+
+
+def speculative_verdict(draft_tokens, draft_probs, target_probs, u, u_emit) -> Verdict:
+    """:func:`speculative_verify` at the uniforms it would draw (:func:`rule_uniforms`): ``u``
+    (B, K) for the acceptance tests (None when K = 0), ``u_emit`` (B,) for the emitted token. A
+    pure function of its tensors (what a compiled step runs)."""
     if draft_tokens.shape[1] == 0:
-        return _autoregressive_step(target_probs, generator)
+        none = torch.zeros(target_probs.shape[0], dtype=torch.long, device=target_probs.device)
+        return _emit(none, target_probs[:, 0], target_probs, u_emit)
     p_x = target_probs[:, :-1].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    return _verify_against(draft_tokens, draft_probs, target_probs, generator, p_x,
+    return _verify_against(draft_tokens, draft_probs, target_probs, u, u_emit, p_x,
                            lambda stop, x_stop: _row_at(target_probs, stop))
 
 
 def _autoregressive_step(target_probs, generator) -> Verdict:
     """No drafts: emit one token from p_0."""
-    none = torch.zeros(target_probs.shape[0], dtype=torch.long, device=target_probs.device)
-    return _emit(none, target_probs[:, 0], target_probs, generator)
+    no_drafts = target_probs.new_empty(target_probs.shape[0], 0, dtype=torch.long)
+    return speculative_verdict(no_drafts, None, target_probs, *rule_uniforms(no_drafts, generator))
 
 
-def _verify_against(draft_tokens, draft_probs, target_probs, generator, target_mass, stop_target,
+def _verify_against(draft_tokens, draft_probs, target_probs, u, u_emit, target_mass, stop_target,
                     also=None) -> Verdict:
     """Speculative sampling against a target given by its mass at each draft token (B, K) and
-    ``stop_target(stop, x_stop)``, its distribution (B, V) at the stop row: accept x_i with
-    ``min(1, target_mass_i / q_i(x_i))`` (or where ``also`` (B, K) bool is set); at the first
-    rejection sample from ``norm(max(target - q, 0))``; after K acceptances a bonus token from
-    ``target_probs[:, K]``."""
+    ``stop_target(stop, x_stop)``, its distribution (B, V) at the stop row, at the uniforms ``u``
+    (B, K) and ``u_emit`` (B,) (:func:`rule_uniforms`): accept x_i with ``min(1, target_mass_i /
+    q_i(x_i))`` (or where ``also`` (B, K) bool is set); at the first rejection sample from
+    ``norm(max(target - q, 0))``; after K acceptances a bonus token from ``target_probs[:, K]``."""
     K = draft_tokens.shape[1]
     q_x = _draft_prob_of_token(draft_tokens, draft_probs)
-    u = uniform(draft_tokens.shape, generator, device=draft_tokens.device)
     accept = (q_x > 0) & (u * q_x.double() < target_mass.double())
     exact = accept
     if also is not None:
@@ -126,7 +145,7 @@ def _verify_against(draft_tokens, draft_probs, target_probs, generator, target_m
     stop = a.clamp(max=K - 1)
     x_stop = _row_at(draft_tokens, stop)
     q_stop = point_mass(x_stop, target_probs.shape[-1]) if draft_probs is None else _row_at(draft_probs, stop)
-    verdict = _emit(a, residual(stop_target(stop, x_stop), q_stop), target_probs, generator)
+    verdict = _emit(a, residual(stop_target(stop, x_stop), q_stop), target_probs, u_emit)
     if also is not None:
         verdict.judged = (torch.arange(K, device=a.device) < a.unsqueeze(-1)) & ~exact
     return verdict
@@ -149,6 +168,45 @@ def default_rule(sampling: SamplingConfig) -> Rule:
     return greedy_verify if sampling.greedy else speculative_verify
 
 
+@dataclass(frozen=True)
+class StepVerifier:
+    """The lossless rule (:func:`default_rule`) run inside a token model's step, after its sampling
+    (:class:`~visualspec.core.sampling.StepSampler`): one compiled graph gives the target's
+    distributions and the verdict, instead of a graph and a few dozen small eager calls.
+
+    Called as ``verifier(logits (R, K+1, V), partner (R,), drafts (R, K), draft_probs (R, K, V),
+    u (R, K), u_emit (R,))`` over model rows, padded ones included; ``drafts`` and ``draft_probs``
+    are None when K = 0 (an AR step), and the uniforms (:func:`rule_uniforms`) and ``draft_probs``
+    None when greedy (the argmax rule reads neither). A point-mass draft is given as its one-hot
+    row (:func:`point_mass`). Returns ``(probs (R, K+1, V), num_accepted (R,), next_tokens (R,))``:
+    the verdict :func:`speculative_verdict` (greedy: :func:`greedy_verify`) gives. Frozen and
+    hashable: equal verifiers share a compiled graph."""
+
+    sampling: SamplingConfig
+    label = "sampling and rule"  # what a compiling step says it compiles with
+
+    def __call__(self, logits, partner, drafts=None, draft_probs=None, u=None, u_emit=None):
+        probs = StepSampler(self.sampling)(logits, partner)
+        if drafts is None:
+            drafts = probs.new_empty(probs.shape[0], 0, dtype=torch.long)
+        rule = greedy_verify(drafts, None, probs) if self.sampling.greedy else \
+            speculative_verdict(drafts, draft_probs, probs, u, u_emit)
+        return probs, rule.num_accepted, rule.next_tokens
+
+    def example_args(self, model_rows: int, window: int, vocab_size: int, device=None) -> tuple:
+        """Arguments of the shapes and dtypes a step of ``model_rows`` rows and ``window`` tokens
+        hands it (to compile its graph before decoding)."""
+        k, greedy = window - 1, self.sampling.greedy
+        partner = torch.zeros(model_rows, dtype=torch.long, device=device)
+
+        def zeros(*shape, dtype=torch.float64):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+        drafts = zeros(model_rows, k, dtype=torch.long) if k else None
+        draft_probs = zeros(model_rows, k, vocab_size, dtype=torch.float32) if k and not greedy else None
+        u = zeros(model_rows, k) if k and not greedy else None
+        return partner, drafts, draft_probs, u, None if greedy else zeros(model_rows)
+
+
 def typical_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,
                    epsilon: float = 0.09, delta: float = 0.3) -> Verdict:
     """Typical acceptance (Medusa, Cai et al. 2024). Lossy.
@@ -167,7 +225,8 @@ def typical_verify(draft_tokens, draft_probs, target_probs, generator: Generator
     threshold = torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))
     p_x = p.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     a = leading_true(p_x > threshold)
-    return _emit(a, _row_at(target_probs, a.clamp(max=K - 1)), target_probs, generator)
+    return _emit(a, _row_at(target_probs, a.clamp(max=K - 1)), target_probs,
+                 uniform(a.shape, generator, device=a.device))
 
 
 def judge_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,
@@ -195,7 +254,7 @@ def judge_verify(draft_tokens, draft_probs, target_probs, generator: Generator =
     if scores.shape != draft_tokens.shape:
         raise ValueError(f"scores must have the drafts' shape {tuple(draft_tokens.shape)}, got {tuple(scores.shape)}")
     p_x = target_probs[:, :-1].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    return _verify_against(draft_tokens, draft_probs, target_probs, generator, p_x,
+    return _verify_against(draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator), p_x,
                            lambda stop, x_stop: _row_at(target_probs, stop), also=scores > threshold)
 
 
@@ -259,7 +318,7 @@ def lantern_verify(draft_tokens, draft_probs, target_probs, generator: Generator
     p = target_probs[:, :-1]
     p_tilde, absorbed = lantern_relaxation(p, draft_tokens, neighbours, delta=delta, lam=lam)
     return _verify_against(
-        draft_tokens, draft_probs, target_probs, generator, p_tilde,
+        draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator), p_tilde,
         lambda stop, x_stop: relaxed_distribution(_row_at(p, stop), x_stop, neighbours, _row_at(absorbed, stop)))
 
 
@@ -339,5 +398,6 @@ def gsd_verify(draft_tokens, draft_probs, target_probs, generator: Generator = N
     q_group = q_x if draft_probs is None else (draft_probs * group).sum(-1)
     # _verify_against accepts with min(1, mass / q(x)): scale p(G) by q(x) / q(G) (1 when G = {x})
     scale = torch.where(q_group > 0, q_x.double() / q_group.double().clamp(min=1e-300), 0.0)
-    return _verify_against(draft_tokens, draft_probs, target_probs, generator, p_group.double() * scale,
+    return _verify_against(draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator),
+                           p_group.double() * scale,
                            lambda stop, x_stop: _row_at(target_probs, stop))
