@@ -178,6 +178,8 @@ class AnyOrderGPT(LlamaGenGPT):
         shape = (B, self.layers[0].attention.n_kv_head, S + self._scratch_slots, self.config.dim // self.config.n_head)
         self._cache = _static_cache(self._cache, shape, len(self.layers), x.dtype, x.device)
         self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
+        if self._compiler is not None:  # a new decode: each bucket's guards checked once, then skipped
+            self._compiler.recheck()
         self._orders = fixed_address(orders.clone())
         self._kept, self._rows, self._max_new = m, B, max_new_tokens
         if cond_mask is not None:

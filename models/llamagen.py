@@ -399,6 +399,8 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         shape = (B, self.layers[0].attention.n_kv_head, S, self.config.dim // self.config.n_head)
         self._cache = _static_cache(self._cache, shape, len(self.layers), x.dtype, x.device)
         self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
+        if self._compiler is not None:  # a new decode: each bucket's guards checked once, then skipped
+            self._compiler.recheck()
         self._rows, self._max_new = B, max_new_tokens
         if cond_mask is not None:
             self._key_valid[:, :T] = cond_mask.bool()

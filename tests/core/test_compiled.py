@@ -207,6 +207,31 @@ def test_the_sampling_and_rule_inside_the_compiled_step_give_the_engines_own_tok
 
 
 @torch.no_grad()
+def test_guards_are_checked_once_a_decode_then_skipped(compiled_pair):
+    """After a prefill, a compiled bucket's first call checks torch's guards and the later calls
+    skip them; a change its bucket key does not name (a weight's layout) is caught at the first call
+    after the next prefill, with the error that names the bucket, instead of running silently."""
+    _, compiled = compiled_pair
+    prefix, tokens = _prefix(compiled), torch.zeros(3, 1, dtype=torch.long)
+    compiled.precompile(prefix, 16, [1])
+    compiled.prefill(prefix, 16)
+    skipped, set_stance = [], torch.compiler.set_stance
+    with mock.patch.object(torch.compiler, "set_stance",
+                           side_effect=lambda *a, **kw: skipped.append(kw["skip_guard_eval_unsafe"]) or set_stance(*a, **kw)):
+        for position in range(3):
+            compiled.forward_window(tokens, position)
+    assert skipped == [False, True, True]
+    weight = compiled.output.weight
+    try:
+        compiled.output.weight = torch.nn.Parameter(weight.t().contiguous().t())  # same values, column-major
+        compiled.prefill(prefix, 16)
+        with pytest.raises(RuntimeError, match="wanted to recompile"):
+            compiled.forward_window(tokens, 0)
+    finally:
+        compiled.output.weight = weight
+
+
+@torch.no_grad()
 def test_the_eager_step_comes_back_when_compiling_is_switched_off(compiled_pair):
     _, compiled = compiled_pair
     compiled.compile_step(False)

@@ -154,6 +154,16 @@ def inductor_cache_dir() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or cache_dir()
 
 
+def skips_guards(key: Hashable, checked: set | None, mode: str | None) -> bool:
+    """Whether a call of a compiled bucket ``key`` skips torch's guards
+    (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``: only the guards that tell the
+    bucket's graph from the others' run): where its guards passed since its owner's last
+    :meth:`StepCompiler.recheck` (``checked``), off CUDA graphs (``"reduce-overhead"``: not measured).
+    Evaluating every guard costs a compiled step of the shapes GPT 0.2-0.26 ms a call on the 2-core
+    CPU, 11-14 % of an AR step at batch 1 (docs/experiments/2026-11-29-rule-inside-the-step.md)."""
+    return checked is not None and key in checked and mode != "reduce-overhead"
+
+
 class StepCompiler:
     """One compiled function, called with a bucket key that names the shapes of its arguments.
 
@@ -172,6 +182,7 @@ class StepCompiler:
         self.compiled = compile_in_mode(fn, mode)
         self.compile_s: dict[Hashable, float] = {}
         self.eager: set[Hashable] = set()
+        self.checked: set[Hashable] | None = None  # buckets whose guards passed since recheck(); None: never skip
 
     def _run(self, *args):
         if self.mode != "reduce-overhead":
@@ -179,6 +190,14 @@ class StepCompiler:
         torch.compiler.cudagraph_mark_step_begin()
         out = self.compiled(*args)
         return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+
+    def recheck(self) -> None:
+        """Check each bucket's guards again at its next call, and skip them at the calls after it,
+        until the next ``recheck()``. An owner calls it wherever its state may have changed (a
+        model's prefill: its weights, its cache, the attributes its step reads), so that between
+        two calls nothing a guard checks can change without a new bucket key; an owner that never
+        calls it keeps every guard (:func:`skips_guards`)."""
+        self.checked = set()
 
     def __call__(self, key: Hashable, *args, compile_new: bool = True):
         """``fn(*args)`` through the graph of bucket ``key``; a new bucket compiles first, announced
@@ -188,8 +207,12 @@ class StepCompiler:
             return self.fn(*args)
         if key in self.compile_s:
             try:
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    return self._run(*args)
+                with torch.compiler.set_stance("fail_on_recompile",
+                                               skip_guard_eval_unsafe=skips_guards(key, self.checked, self.mode)):
+                    out = self._run(*args)
+                if self.checked is not None:
+                    self.checked.add(key)
+                return out
             except RuntimeError as e:
                 if "recompil" not in str(e).lower():
                     raise
