@@ -2,13 +2,16 @@
 
     python benchmarks/step_overhead.py                       # shapes model, batch 1, 4 and 16
     python benchmarks/step_overhead.py --batch-sizes 1 --modes ar sjd --images 8
+    python benchmarks/step_overhead.py --model shapes-lumina               # the Lumina-layout model
+    python benchmarks/step_overhead.py --model shapes-any-order --modes ar assd
 
 For each batch size and mode (a bench mode of the pipeline: ``ar``, ``sjd``, ...; each eager and
 ``+compiled``), it generates ``--images`` images (after one untimed warm-up call that measures the
 window costs and compiles), timing two things inside the same calls:
 
 - the decode loop (``visualspec.core.engine.decode``: prefill, every step, the commits);
-- the target's window forwards inside it (``forward_window``).
+- the target's forwards inside it (``forward_window``; an any-order model's draft forward
+  ``forward_queries`` too, which its ASSD steps run besides).
 
 It prints per image the seconds and target forwards, and per step the milliseconds of the whole
 step, of its forward, and their ratio (the engine's own work is the rest: drafting, the rule,
@@ -28,7 +31,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import visualspec.pipelines.llamagen as family  # noqa: E402
 from visualspec import VisualSpecPipeline  # noqa: E402
 from visualspec.core.window_costs import machine_name, synchronize  # noqa: E402
 from visualspec.tools.commands.options import add_device_option  # noqa: E402
@@ -48,26 +50,44 @@ def timed(fn, record, device=torch.device("cpu")):
     return call
 
 
-class Timers:
-    """Seconds inside ``decode`` and inside the target's ``forward_window``, with call counts."""
+def target_class(pipe) -> type:
+    """The class of the token model a decode of ``pipe`` steps through: its transformer's, or for a
+    unified pipeline (Lumina-mGPT's layout) its family's token model's."""
+    family = getattr(pipe, "family", None)
+    return type(family.token_model()) if family is not None else type(pipe.transformer)
 
-    def __init__(self, model, device):
+
+class Timers:
+    """Seconds inside ``decode`` (as the pipeline's module calls it) and inside the target's
+    forwards (``forward_window``, and an any-order model's draft forward ``forward_queries``), with
+    the count of window forwards (one a step)."""
+
+    def __init__(self, pipe, device):
         self.decode_s = self.forward_s = 0.0
         self.forwards = 0
-        decode, forward = family.decode, model.forward_window
+        family, cls = sys.modules[type(pipe).__module__], target_class(pipe)
 
         def add_decode(seconds):
             self.decode_s += seconds
 
-        def add_forward(seconds):
+        def add_forward(seconds, step=True):
             self.forward_s += seconds
-            self.forwards += 1
+            self.forwards += step
 
-        family.decode, model.forward_window = timed(decode, add_decode), timed(forward, add_forward, device)
-        self._restore = lambda: (setattr(family, "decode", decode), delattr(model, "forward_window"))
+        patched = [(family, "decode", timed(family.decode, add_decode))]
+        patched.append((cls, "forward_window", timed(cls.forward_window, add_forward, device)))
+        if hasattr(cls, "forward_queries"):
+            patched.append((cls, "forward_queries", timed(cls.forward_queries, lambda s: add_forward(s, False), device)))
+        self._saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patched]
+        for owner, name, fn in patched:
+            setattr(owner, name, fn)
 
     def close(self):
-        self._restore()
+        for owner, name, before in self._saved:
+            if before is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
 
 
 def main(argv=None) -> int:
@@ -82,7 +102,6 @@ def main(argv=None) -> int:
     device = torch.device(device_name(args.device))
     pipe = VisualSpecPipeline.from_pretrained(folder).to(device)
     pipe.set_progress_bar_config(disable=True)
-    model = pipe.transformer
     print(f"{folder}: {machine_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| batch | mode | s/image | forwards/image | step ms | forward ms | step / forward |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -92,7 +111,7 @@ def main(argv=None) -> int:
         for mode in [m + suffix for m in args.modes for suffix in ("", "+compiled")]:
             settings = type(pipe).bench_mode(mode)
             pipe(prompts[:batch], batch_size=batch, seed=0, output_type="latent", **settings)  # warm-up, untimed
-            timers = Timers(model, device)
+            timers = Timers(pipe, device)
             try:
                 t0 = time.perf_counter()
                 for s in range(0, images, batch):
