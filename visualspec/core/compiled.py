@@ -159,8 +159,9 @@ def skips_guards(key: Hashable, checked: set | None, mode: str | None) -> bool:
     (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``: only the guards that tell the
     bucket's graph from the others' run): where its guards passed since its owner's last
     :meth:`StepCompiler.recheck` (``checked``), off CUDA graphs (``"reduce-overhead"``: not measured).
-    Evaluating every guard costs a compiled step of the shapes GPT 0.2-0.26 ms a call on the 2-core
-    CPU, 11-14 % of an AR step at batch 1 (docs/experiments/2026-11-29-rule-inside-the-step.md)."""
+    Evaluating every guard cost a compiled call of the shapes GPT 0.08 ms in a decode on the 2-core
+    CPU (docs/experiments/2026-11-29-rule-inside-the-step.md). torch's stance is process-wide: steps
+    compiled models take in two threads at once share it."""
     return checked is not None and key in checked and mode != "reduce-overhead"
 
 

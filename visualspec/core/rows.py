@@ -363,8 +363,8 @@ class _Run:
         u, u_emit = (None, None) if greedy else rule_uniforms(drafts, rows.generator)
         if k and not greedy and draft_probs is None:
             draft_probs = point_mass(drafts, self.target.vocab_size)
-        args = [self._partners()] + [None if x is None else rows.model(x)
-                                     for x in (drafts if k else None, None if greedy else draft_probs, u, u_emit)]
+        rule_args = (drafts if k else None, None if greedy else draft_probs, u, u_emit)  # StepVerifier's order
+        args = [self._partners(), *(None if x is None else rows.model(x) for x in rule_args)]
         (probs, accepted, tokens), _ = self.forward_window(drafts, post=self.step_verifies, post_args=args)
         return Verdict(accepted[:b], tokens[:b]), probs[:b]
 
