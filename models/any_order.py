@@ -41,7 +41,7 @@ from torch import nn
 
 from visualspec.core.compiled import fixed_address, step_compiler
 
-from .llamagen import LlamaGenGPT, _last, _static_cache, rotary
+from .llamagen import LlamaGenGPT, _last, rotary
 
 
 def check_orders(orders: torch.Tensor, cells: int) -> torch.Tensor:
@@ -176,10 +176,7 @@ class AnyOrderGPT(LlamaGenGPT):
         B, T = x.shape[0], self.config.cls_token_num
         S = T + self.cells
         shape = (B, self.layers[0].attention.n_kv_head, S + self._scratch_slots, self.config.dim // self.config.n_head)
-        self._cache = _static_cache(self._cache, shape, len(self.layers), x.dtype, x.device)
-        self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
-        if self._compiler is not None:  # a new decode: each bucket's guards checked once, then skipped
-            self._compiler.recheck()
+        self._new_cache(shape, S, x.dtype, x.device)
         self._orders = fixed_address(orders.clone())
         self._kept, self._rows, self._max_new = m, B, max_new_tokens
         if cond_mask is not None:

@@ -397,14 +397,20 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         B, T = x.shape[:2]
         S = T + max_new_tokens
         shape = (B, self.layers[0].attention.n_kv_head, S, self.config.dim // self.config.n_head)
-        self._cache = _static_cache(self._cache, shape, len(self.layers), x.dtype, x.device)
-        self._key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
-        if self._compiler is not None:  # a new decode: each bucket's guards checked once, then skipped
-            self._compiler.recheck()
+        self._new_cache(shape, S, x.dtype, x.device)
         self._rows, self._max_new = B, max_new_tokens
         if cond_mask is not None:
             self._key_valid[:, :T] = cond_mask.bool()
         return _last(self._run(x, torch.arange(T, device=x.device).expand(B, T), features=features))
+
+    def _new_cache(self, shape: tuple, slots: int, dtype, device) -> None:
+        """A prefill's cache: the static key/value buffers of ``shape`` (reused where the shape is
+        the last one's), every one of the ``slots`` key slots valid in each row, and, as a new decode
+        begins, each compiled bucket's guards checked once more (:meth:`~visualspec.core.compiled.StepCompiler.recheck`)."""
+        self._cache = _static_cache(self._cache, shape, len(self.layers), dtype, device)
+        self._key_valid = torch.ones(shape[0], slots, dtype=torch.bool, device=device)
+        if self._compiler is not None:
+            self._compiler.recheck()
 
     def refill(self, rows: torch.Tensor, prefix, features: bool = False):
         """Start new images in cache rows ``rows`` (r,) with the condition ``prefix`` (r rows);
