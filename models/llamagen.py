@@ -38,7 +38,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from visualspec.core.compiled import COMPILED_WINDOWS, bucket_slots, dense, fixed_address, step_compiler
+from visualspec.core.compiled import COMPILED_WINDOWS, bucket_slots, dense_args, fixed_address, step_compiler
 
 from .checkpoints import load_state_dict_strict, read_checkpoint
 from .hf import linear_rows
@@ -449,7 +449,11 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         return self._step(tokens, pos, None, features, post, *post_args)
 
     def _step(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None, features: bool, post, *post_args):
-        """:meth:`_window`, then ``post`` on its logits (what the compiled step compiles)."""
+        """:meth:`_window`, then ``post`` on its logits (what the compiled step compiles). A ``post``
+        with a ``window`` method makes the window itself, from its arguments (a drafter's whole step,
+        :class:`~visualspec.drafters.JacobiStep`): ``tokens`` only give its shape."""
+        if hasattr(post, "window"):
+            tokens, post_args = post.window(tokens, *post_args)
         out = self._window(tokens, pos, attended, features)
         if post is None:
             return out
@@ -551,8 +555,8 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
                                        for x in (tokens, pos, *post_args)]
         cache = self._cache[0][0]  # its slots grow past ``total`` once a tree needs scratch slots
         key = _bucket(rows, L, attended, total, cache.shape[2], cache.dtype, cache.device, features) + (post,)
-        out = self._compiler(key, tokens.contiguous(), pos.contiguous(), attended, features, post,  # one layout
-                             *[x if x is None else dense(x) for x in post_args])                  # per bucket
+        tokens, pos, *post_args = dense_args([tokens, pos, *post_args])  # one layout per bucket
+        out = self._compiler(key, tokens, pos, attended, features, post, *post_args)
         return (_first_rows(out[0], B), out[1][:B]) if features else _first_rows(out, B)
 
     def crop(self, lengths) -> None:
@@ -681,7 +685,9 @@ def _last(out):
 def _first_rows(out, rows: int):
     """The first ``rows`` rows of a step's output: a tensor, or each tensor of a tuple (what a
     ``post`` may return)."""
-    return tuple(x[:rows] for x in out) if isinstance(out, tuple) else out[:rows]
+    if isinstance(out, tuple):
+        return tuple(x if len(x) == rows else x[:rows] for x in out)
+    return out if len(out) == rows else out[:rows]
 
 
 def _describe_bucket(key) -> str:

@@ -207,7 +207,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if compiled:  # every step the decode (and its window search) can take, before timing them
             precompile_decode(model, prefix_of(model, list(range(slots))), num_tokens, sampling,
                               [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
-                              drafts=drafter is not None, rule=rule, auto=auto, features=bool(features or judge))
+                              drafts=drafter is not None, rule=rule, auto=auto, features=bool(features or judge),
+                              drafter=drafter)
         if auto and tree:  # sibling-tree steps: forward tables (a draft model's drafts priced with them)
             window = self.last_window_policy = window_policy(
                 model, lambda r: prefix_of(model, list(range(r))), num_tokens, slots, siblings, sibling_depth,

@@ -9,8 +9,9 @@ import torch
 
 from conftest import tiny_llamagen
 from visualspec.core.compiled import CPP_WRAPPER, StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
-from visualspec.core.engine import decode, step_sampler
+from visualspec.core.engine import Requests, decode, precompile_decode, step_sampler
 from visualspec.core.sampling import SamplingConfig
+from visualspec.core.verify import default_rule
 from visualspec.drafters import JacobiDrafter
 
 
@@ -161,7 +162,7 @@ def test_decodes_with_the_compiled_step_give_the_eager_tokens(compiled_pair, win
     eager, compiled = compiled_pair
     prefix, sampling = _prefix(eager), SamplingConfig(temperature=temperature)
     drafter = None if window == 1 else JacobiDrafter(32)
-    compiled.precompile(prefix, 16, [window], post=step_sampler(compiled, sampling, verifies=True))
+    precompile_decode(compiled, prefix, 16, sampling, [window], drafts=drafter is not None, drafter=drafter)
     graphs = set(compiled._compiler.compile_s)
     ref, _ = decode(eager, prefix, 16, sampling, drafter=drafter, window=window,
                     generator=torch.Generator().manual_seed(3))
@@ -172,6 +173,11 @@ def test_decodes_with_the_compiled_step_give_the_eager_tokens(compiled_pair, win
     assert set(compiled._compiler.compile_s) == graphs
 
 
+def _guided(model, rows=3):
+    caps, mask = _prefix(model, rows)
+    return torch.cat([caps, model.null_condition(rows).to(caps.dtype)]), torch.cat([mask, torch.ones_like(mask)])
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_the_sampling_and_rule_inside_the_compiled_step_give_the_engines_own_tokens(compiled_pair, temperature):
@@ -179,16 +185,17 @@ def test_the_sampling_and_rule_inside_the_compiled_step_give_the_engines_own_tok
     cut-off, top-k, then the lossless rule at the uniforms it would draw) and gives the tokens of
     the engine sampling and verifying outside the step (a target that takes no sampler), with rows
     finishing apart (a stop token; Jacobi's ragged acceptance) so that the step pads its rows and
-    the rule's arguments; sampled and greedy."""
+    the rule's arguments; sampled and greedy. The drafts of a coupled Jacobi drafter (which has no
+    fused step) come from the engine; the fused steps' are the next test's."""
     eager, compiled = compiled_pair
     sampling = SamplingConfig(temperature=temperature, guidance_scale=3.0, top_k=20, epsilon_cutoff=0.01)
-    caps, mask = _prefix(eager)
-    prefix = (torch.cat([caps, eager.null_condition(3).to(caps.dtype)]), torch.cat([mask, torch.ones_like(mask)]))
+    prefix = _guided(eager)
     eager.takes_post = False  # the engine's own distributions and rule
     try:
-        for drafter, window in ((None, 1), (JacobiDrafter(32), 4)):
+        for drafter, window in ((None, 1), (JacobiDrafter(32, coupling=True), 4)):
             post = step_sampler(compiled, sampling, verifies=True)
             assert post is not None and step_sampler(eager, sampling) is None
+            assert drafter is None or drafter.fused_step(sampling, default_rule(sampling), 16) is None
             compiled.precompile(prefix, 16, [window], post=post)
             graphs = set(compiled._compiler.compile_s)
             padded = []
@@ -204,6 +211,58 @@ def test_the_sampling_and_rule_inside_the_compiled_step_give_the_engines_own_tok
             assert set(compiled._compiler.compile_s) == graphs  # the precompiled graphs ran the decode
     finally:
         del eager.takes_post
+
+
+class _Windows:
+    """A window policy whose search takes the ``(window, sibling tree)`` options ``cycle`` in turn
+    (a stand-in for the measured search, whose choices depend on timings)."""
+
+    def __init__(self, cycle):
+        self.cycle = cycle
+
+    def search(self, **_):
+        return self
+
+    def option(self, rows, extra=None):
+        self.cycle = self.cycle[1:] + self.cycle[:1]
+        return self.cycle[-1]
+
+    def observe(self, *_, **__):
+        pass
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("init, temperature", [("random", 1.0), ("repeat_above", 0.0)], ids=["random-sampled",
+                                                                                             "repeat-greedy"])
+def test_a_whole_jacobi_step_inside_the_compiled_step_gives_the_engines_own_tokens(compiled_pair, temperature, init):
+    """A Jacobi step run whole inside the compiled step (the drafts from the carry and the
+    initialisation, the forward, the sampling and rule, the commit, the Jacobi update: one graph,
+    :class:`~visualspec.drafters.JacobiStep`) gives the engine's own tokens and acceptance map, with
+    rows finishing apart and refilled from a queue (continuous batching, one generator per request)
+    and windows that change from step to step, one-token steps (which run unfused) among them."""
+    eager, compiled = compiled_pair
+    sampling = SamplingConfig(temperature=temperature, guidance_scale=3.0, top_k=20, epsilon_cutoff=0.01)
+    caps, mask = _prefix(eager, 5)
+    requests = lambda: Requests(5, lambda ids: (torch.cat([caps[ids], eager.null_condition(len(ids)).to(caps.dtype)]),
+                                                torch.cat([mask[ids], torch.ones_like(mask[ids])])), slots=3)
+    drafter = lambda: JacobiDrafter(32, init, grid_width=4)
+    assert drafter().fused_step(sampling, default_rule(sampling), 16) is not None
+    precompile_decode(compiled, requests().prefix([0, 1, 2]), 16, sampling, [1, 4], drafts=True, auto=True,
+                      drafter=drafter())
+    graphs = set(compiled._compiler.compile_s)
+    fused = []
+    step = compiled._compiled_window
+    with mock.patch.object(compiled, "_compiled_window",
+                           side_effect=lambda tokens, pos, f, post, args: fused.append(hasattr(post, "window"))
+                           or step(tokens, pos, f, post, args)):
+        runs = [decode(model, requests(), 16, sampling, drafter=drafter(), window=_Windows([(4, False), (1, False)]),
+                       generator=[torch.Generator().manual_seed(r) for r in range(5)])
+                for model in (eager, compiled)]
+    (ref, ref_stats), (out, stats) = runs
+    assert torch.equal(out, ref) and torch.equal(stats.fixed_at, ref_stats.fixed_at)
+    assert stats.target_forwards == ref_stats.target_forwards
+    assert any(fused) and not all(fused), "the drafted steps run fused, the one-token steps do not"
+    assert set(compiled._compiler.compile_s) == graphs  # the precompiled graphs ran the decode
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ import torch
 
 from conftest import tiny_hf, tiny_llamagen
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter
+from visualspec.drafters.jacobi import FUSED_WIDTH
 from visualspec.core.engine import decode
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.sampling import SamplingConfig
@@ -71,8 +72,7 @@ def test_jacobi_fill_follows_sources_inside_the_window(init):
         drafter.start(3, N, GREEDY)
         carried = torch.randint(0, V, (3, k), generator=gen)
         if any(count):
-            drafter.carried, drafter.carried_probs = carried, torch.full((3, k, V), 1.0 / V)
-            drafter.count = torch.tensor(count)
+            drafter.carry = (carried, torch.full((3, k, V), 1.0 / V), torch.tensor(count))
         drafts, _ = drafter.propose(tokens, n, k)
         for b in range(3):
             seq = tokens[b].tolist() + [None] * k
@@ -83,6 +83,24 @@ def test_jacobi_fill_follows_sources_inside_the_window(init):
                 else:
                     seq[pos] = seq[pos - g if init == "repeat_above" and pos >= g else pos - 1]
             assert drafts[b].tolist() == seq[int(n[b]):int(n[b]) + k], (k, count, b)
+
+
+def test_a_fused_step_widens_the_jacobi_carry_without_changing_the_drafts():
+    """A fused step reads the Jacobi carry at one width (:data:`FUSED_WIDTH` columns); a carry an
+    unfused step left narrower is widened, and proposes the drafts and laws it proposed before."""
+    V, gen = 8, torch.Generator().manual_seed(0)
+    drafter = JacobiDrafter(V)
+    drafter.start(2, 16, SamplingConfig())
+    probs = torch.softmax(torch.randn(2, 3, V, generator=gen), -1)
+    drafter.observe(torch.tensor([1, 1]), torch.tensor([1, 0]), probs, gen)
+    assert drafter.carry[0].shape[1] == 3
+    tokens = torch.randint(0, V, (2, 16), generator=gen)
+    n = torch.tensor([2, 1])
+    narrow = drafter.propose(tokens, n, 5, torch.Generator().manual_seed(1))
+    carried, laws, count = drafter.step_state(2)
+    assert carried.shape == (2, FUSED_WIDTH) and laws.shape == (2, FUSED_WIDTH, V) and count.tolist() == [2, 3]
+    wide = drafter.propose(tokens, n, 5, torch.Generator().manual_seed(1))
+    assert torch.equal(wide[0], narrow[0]) and torch.equal(wide[1], narrow[1])
 
 
 @pytest.mark.parametrize("init", ["random", "repeat_left", "repeat_above"])

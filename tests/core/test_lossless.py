@@ -127,12 +127,14 @@ class StaleCoupling(JacobiDrafter):
         drafts, q = self.proposed
         super().observe(n, committed, target_probs, generator)
         B, K1, V = target_probs.shape
-        index = (committed[:, None] + torch.arange(K1)).clamp(max=K1 - 1)
+        carried, carried_probs, count = self.carry
+        width = carried.shape[1]
+        index = (committed[:, None] + torch.arange(width)).clamp(max=K1 - 1)
         old = torch.cat([drafts, torch.full_like(drafts[:, :1], -1)], 1).gather(1, index)
         q = point_mass(drafts, V) if q is None else q
-        old_q = torch.cat([q, torch.zeros_like(q[:, :1])], 1).gather(1, index[..., None].expand(B, K1, V))
-        self.carried_probs = torch.where((self.carried == old)[..., None], old_q.to(target_probs.dtype),
-                                         self.carried_probs)
+        old_q = torch.cat([q, torch.zeros_like(q[:, :1])], 1).gather(1, index[..., None].expand(B, width, V))
+        self.carry = (carried, torch.where((carried == old)[..., None], old_q.to(target_probs.dtype), carried_probs),
+                      count)
 
 
 @pytest.mark.parametrize("sampling, init", [(PLAIN, "random"), (GUIDED, "repeat_above")],

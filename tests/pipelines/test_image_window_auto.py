@@ -97,17 +97,19 @@ def test_ar_and_fixed_windows_time_nothing(pipe, priced, monkeypatch):
     asked, _ = priced
     compiled = []
     monkeypatch.setattr(llamagen, "compiled_step", lambda *args: True)
+    monkeypatch.setattr(type(pipe.transformer), "compiled_step", property(lambda self: True))  # its steps eager
     monkeypatch.setattr(pipe.transformer, "precompile",
                         lambda prefix, n, windows, post=None, **kw: compiled.append((windows, type(post).__name__)))
     assert pipe(PROMPT, decoding="ar", seed=0, output_type="latent").stats.target_forwards == 256
     pipe(PROMPT, decoding="sjd", window=4, seed=0, output_type="latent")
     pipe(PROMPT, decoding="lantern", window=4, seed=0, output_type="latent")
-    # each with what the engine runs inside the step: the sampling and the lossless rule, or under
-    # another rule (LANTERN's) the sampling alone
-    assert asked == [] and compiled == [([1], "StepVerifier"), ([4], "StepVerifier"), ([4], "StepSampler")]
+    # each with what the engine runs inside the step: the sampling and the lossless rule (a Jacobi
+    # step whole), or under another rule (LANTERN's) the sampling alone
+    assert asked == [] and compiled == [([1], "StepVerifier"), ([4], "JacobiStep"), ([4], "StepSampler")]
     pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
     # every window, before they are timed, and plain AR's step, should none beat it
-    assert len(asked) == 1 and compiled[-2:] == [(list(wc.WINDOWS), "StepVerifier"), ([1], "StepVerifier")]
+    assert len(asked) == 1 and compiled[-3:] == [([w for w in wc.WINDOWS if w > 1], "JacobiStep"),
+                                                 ([1], "StepVerifier"), ([1], "StepVerifier")]
 
 
 def test_whole_steps_are_measured_once_and_kept(tmp_path, monkeypatch, capsys):

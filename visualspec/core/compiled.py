@@ -133,8 +133,36 @@ def step_compiler(current: "StepCompiler | None", fn: Callable, name: str, descr
 
 def dense(x: torch.Tensor) -> torch.Tensor:
     """``x`` with row-major strides, even along size-1 dimensions (a compiled graph's guards
-    compare strides: a (1, 1) slice of a wider tensor is contiguous yet strided differently)."""
+    compare strides: a (1, 1) slice of a wider tensor is contiguous yet strided differently);
+    one view where ``x`` has them (a step hands over a dozen such). Always a new tensor object, so
+    that two arguments are never the same object in one call and not in another (torch guards on
+    that too)."""
+    if x.stride() == row_major(x.shape):
+        return x.view(x.shape)
     return x.contiguous().view(-1).view(x.shape)
+
+
+def dense_args(args) -> list:
+    """:func:`dense` of each tensor of ``args`` (None stays None), without any tensor operation for
+    those that are row-major already and not handed over twice in the call: torch guards on two
+    arguments being the same object, so a repeat gets a view of its own."""
+    seen, out = set(), []
+    for x in args:
+        if x is not None and (id(x) in seen or x.stride() != row_major(x.shape)):
+            x = dense(x)
+        elif x is not None:
+            seen.add(id(x))
+        out.append(x)
+    return out
+
+
+def row_major(shape) -> tuple:
+    """The strides of a row-major tensor of ``shape``: each the product of the sizes after it."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 def fixed_address(buffer: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch
 from .checks import check_int, check_positive_int, is_int
 from .constraints import TokenConstraints
 from .proactive import extra_nodes
-from .rows import _Run, step_sampler
+from .rows import _Run, fused_step, step_sampler
 from .sampling import Generator, SamplingConfig
 from .stats import DecodeStats
 from .tree import _sibling_step
@@ -117,6 +117,23 @@ class Drafter:
         again before decoding."""
         raise NotImplementedError(f"{type(self).__name__}'s drafts are free: it has no draft timer")
 
+    def fused_step(self, sampling: SamplingConfig, rule: Rule, num_tokens: int):
+        """A hashable step object that runs this drafter's proposal and update inside the target's
+        compiled step, with the rule and the commit, in one graph (e.g.
+        :class:`visualspec.drafters.JacobiStep`), for a decode of ``num_tokens`` tokens verified by
+        ``rule``; None (the default) where the drafter has none. Such a step reads the drafter's
+        state (:meth:`step_state`) and returns it updated (:meth:`stepped`)."""
+        return None
+
+    def step_state(self, rows: int, device=None) -> tuple:
+        """The drafter's state a fused step reads: a tuple of (rows, ...) tensors, one row per row
+        decoding now (on ``device``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused step")
+
+    def stepped(self, state: tuple) -> None:
+        """The state a fused step returned (:meth:`step_state`'s layout): the drafter's now."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused step")
+
     def cost_tag(self) -> str:
         """What a table of steps with this drafter's drafts is kept under beside the target's own
         (its class and, for a drafter network, a hash of that network's configuration)."""
@@ -193,16 +210,23 @@ class Requests:
 
 
 def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingConfig, windows, *, drafts: bool,
-                      rule: Rule | None = None, auto: bool = False, features: bool = False) -> None:
+                      rule: Rule | None = None, auto: bool = False, features: bool = False,
+                      drafter: Drafter | None = None) -> None:
     """Compile, before a decode of ``prefix`` on ``target``'s compiled step (its ``precompile``),
     every step graph the decode can take, with what :func:`decode` hands each step
     (:func:`step_sampler`): with ``drafts``, the windows ``windows`` under ``rule`` (``features``:
-    steps that return the target's features too); and plain AR's step, where there are no drafts or
+    steps that return the target's features too), run whole inside the step where ``drafter`` has
+    a fused step (:func:`~visualspec.core.rows.fused_step`); and plain AR's step, where there are no drafts or
     the window is ``auto`` (its policy may decode as AR, with the lossless rule)."""
     if drafts:
+        fused = fused_step(target, drafter, sampling, num_tokens, rule=rule, features=features)
+        if fused is not None:  # a drafted step runs whole inside the target's step; one without drafts does not
+            target.precompile(prefix, num_tokens, [w for w in windows if w > 1], post=fused)
+            windows = [w for w in windows if w == 1]
         post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features)
                 or step_sampler(target, sampling, features=features))
-        target.precompile(prefix, num_tokens, windows, **({"features": True} if features else {}), post=post)
+        if windows:
+            target.precompile(prefix, num_tokens, windows, **({"features": True} if features else {}), post=post)
     if not drafts or auto:
         target.precompile(prefix, num_tokens, [1], post=step_sampler(target, sampling, verifies=True))
 
@@ -281,31 +305,35 @@ def decode(
         rows, gens = run.rows, run.rows.generator
         # draft
         k, siblings_now = run.window_drafts(window, search, extra)
-        drafts, draft_probs = run.propose(k)
-        k, n = drafts.shape[1], rows.n  # a drafter may stop early (never draft more than k)
-        tree_step = siblings_now and k > 0
-        # verify: one target forward over the window (or the sibling tree), then the rule
-        features = None
-        if tree_step:
-            verdict, committed, target_probs, path = _sibling_step(run, drafts, draft_probs, siblings,
-                                                                   min(sibling_depth, k))
-        elif run.step_verifies is not None:  # the lossless rule runs inside the target's step
-            (verdict, target_probs), committed = run.forward_verify(drafts, draft_probs), drafts
+        n, fused, tree_step = rows.n, k > 0 and not siblings_now and run.step_fuses is not None, False
+        if fused:  # draft, verify, commit and update the drafter, all inside the target's step
+            verdict, counts = run.forward_fused(k)
         else:
-            target_probs, features = run.forward_probs(drafts)
-            verdict, committed = run.verify(drafts, draft_probs, target_probs, features), drafts
-        run.step_done()
-        # commit the accepted drafts and the emitted token; keep the cache and the drafter in step
-        counts = run.commit(committed, verdict.num_accepted, verdict.next_tokens, verdict.judged)
+            drafts, draft_probs = run.propose(k)
+            k = drafts.shape[1]  # a drafter may stop early (never draft more than k)
+            tree_step = siblings_now and k > 0
+            # verify: one target forward over the window (or the sibling tree), then the rule
+            features = None
+            if tree_step:
+                verdict, committed, target_probs, path = _sibling_step(run, drafts, draft_probs, siblings,
+                                                                       min(sibling_depth, k))
+            elif run.step_verifies is not None:  # the lossless rule runs inside the target's step
+                (verdict, target_probs), committed = run.forward_verify(drafts, draft_probs), drafts
+            else:
+                target_probs, features = run.forward_probs(drafts)
+                verdict, committed = run.verify(drafts, draft_probs, target_probs, features), drafts
+            run.step_done()
+            # commit the accepted drafts and the emitted token
+            counts = run.commit(committed, verdict.num_accepted, verdict.next_tokens, verdict.judged)
         if search is not None:
             search.observe(k + 1, verdict.num_accepted + 1, tree=siblings_now)
+        # keep the cache and the drafter in step
         if tree_step:
             run.keep(path, counts)
         elif k:  # a step without drafts keeps every position it fed: nothing to crop
             run.crop(n, counts)
-        if features is not None and run.drafter_features:
-            drafter.observe(n, counts, target_probs, gens, features=features)
-        elif drafter is not None:
-            drafter.observe(n, counts, target_probs, gens)
+        if not fused and drafter is not None:  # a fused step updated the drafter itself
+            drafter.observe(n, counts, target_probs, gens, **({"features": features} if features is not None
+                                                                and run.drafter_features else {}))
         run.finish_rows()
     return run.result()

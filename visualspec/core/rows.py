@@ -31,6 +31,33 @@ def per_row(x, rows: int, device=None) -> torch.Tensor:
     return torch.as_tensor(x, dtype=torch.long, device=device).expand(rows)
 
 
+def window_slots(n: torch.Tensor, counts: torch.Tensor, length: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a commit of ``counts`` (b,) tokens at positions ``n`` (b,) writes in buffers of
+    ``length`` positions: ``write`` (b, length) bool, true at positions n[b] .. n[b] + counts[b] - 1,
+    and ``index`` (b, length), each position's column ``position - n[b]`` in a window of ``window``
+    tokens (clamped to 0 .. window - 1)."""
+    offset = torch.arange(length, device=n.device)[None] - n[:, None]
+    return (offset >= 0) & (offset < counts[:, None]), offset.clamp(0, window - 1)
+
+
+def commit_window(seq: torch.Tensor, fixed: torch.Tensor, n: torch.Tensor, forwards: torch.Tensor,
+                  drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor):
+    """One step's commit, a pure function of its tensors (what a compiled step runs): row b's
+    window ``[drafts[b, :accepted[b]], emitted[b]]`` written into ``seq`` (b, N, ...) at positions
+    n[b]..; ``counts = min(accepted + 1, N - n)`` tokens, so a row never writes past its end; the
+    positions written are marked with the row's forward count ``forwards`` (b,) in ``fixed`` (b, N).
+    Returns ``(seq, fixed, counts)``."""
+    trailing = emitted.shape[1:]  # continuous tokens carry their values along
+    candidates = torch.cat([drafts, emitted[:, None]], 1)
+    at = accepted.view(-1, 1, *[1] * len(trailing)).expand(-1, 1, *trailing)
+    candidates = candidates.scatter(1, at, emitted[:, None])  # (b, K+1): window order
+    counts = torch.minimum(accepted + 1, seq.shape[1] - n)
+    write, index = window_slots(n, counts, seq.shape[1], candidates.shape[1])
+    index = index.view(*index.shape, *[1] * len(trailing)).expand(*index.shape, *trailing)
+    seq = torch.where(write.view(*write.shape, *[1] * len(trailing)), candidates.gather(1, index), seq)
+    return seq, torch.where(write, forwards[:, None], fixed), counts
+
+
 class _Rows:
     """Per-row state of the rows decoding now: request ids, committed counts, token buffers."""
 
@@ -75,27 +102,24 @@ class _Rows:
     def commit(self, drafts: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
                judged: torch.Tensor | None = None) -> torch.Tensor:
         """Commit, per row, the ``accepted`` first of ``drafts`` (b, K, ...) and then ``emitted``
-        (b, ...), at most the tokens the row has left, at its positions n..; returns the counts (b,).
-        ``judged`` (b, K) bool marks the drafts a judge alone accepted (kept in :attr:`judged`)."""
-        trailing = emitted.shape[1:]  # continuous tokens carry their values along
+        (b, ...), at most the tokens the row has left, at its positions n.. (:func:`commit_window`);
+        returns the counts (b,). ``judged`` (b, K) bool marks the drafts a judge alone accepted
+        (kept in :attr:`judged`)."""
         if drafts.shape[1] == 0 and judged is None:
             return self._commit_one(emitted)
-        candidates = torch.cat([drafts, emitted[:, None]], 1)
-        at = accepted.view(-1, 1, *[1] * len(trailing)).expand(-1, 1, *trailing)
-        candidates = candidates.scatter(1, at, emitted[:, None])  # (b, K+1): window order
-        remaining = self.N - self.n
-        counts = torch.minimum(accepted + 1, remaining)
-        offset = torch.arange(self.N, device=self.n.device)[None] - self.n[:, None]  # (b, N): window index
-        write = (offset >= 0) & (offset < counts[:, None])
-        index = offset.clamp(0, candidates.shape[1] - 1)
-        index = index.view(*index.shape, *[1] * len(trailing)).expand(*index.shape, *trailing)
-        values = candidates.gather(1, index)
-        self.seq = torch.where(write.view(*write.shape, *[1] * len(trailing)), values, self.seq)
-        self.fixed = torch.where(write, self.forwards[:, None], self.fixed)
+        seq, fixed, counts = commit_window(self.seq, self.fixed, self.n, self.forwards, drafts, accepted, emitted)
         if judged is not None:
+            write, index = window_slots(self.n, counts, self.N, drafts.shape[1] + 1)
             self.judged |= write & torch.cat([judged, torch.zeros_like(judged[:, :1])], 1).gather(1, index)
+        return self.took(seq, fixed, counts, drafts.shape[1] + 1)
+
+    def took(self, seq: torch.Tensor, fixed: torch.Tensor, counts: torch.Tensor, window: int) -> torch.Tensor:
+        """A commit of ``window`` tokens a row at most made ``seq`` and ``fixed`` the rows' buffers,
+        ``counts`` (b,) tokens each: keep them, move each row's count on and the host's bound
+        :attr:`most` by the window. Returns ``counts``."""
+        self.seq, self.fixed = seq, fixed
         self.n = self.n + counts
-        self.most = min(self.N, self.most + candidates.shape[1])
+        self.most = min(self.N, self.most + window)
         return counts
 
     def _commit_one(self, emitted: torch.Tensor) -> torch.Tensor:
@@ -110,19 +134,14 @@ class _Rows:
             left = counts.bool()
             tokens = torch.where(left.view(-1, *[1] * (emitted.dim() - 1)), emitted, self.seq[rows, at])
             marks = torch.where(left, self.forwards, self.fixed[rows, at])
-        self.seq = self.seq.index_put((rows, at), tokens)
-        self.fixed = self.fixed.index_put((rows, at), marks)
-        self.n = self.n + counts
-        self.most = min(self.N, self.most + 1)
-        return counts
+        return self.took(self.seq.index_put((rows, at), tokens), self.fixed.index_put((rows, at), marks), counts, 1)
 
     def stop(self, token: int, start: torch.Tensor, counts: torch.Tensor) -> int:
         """Rows that just wrote ``token`` at positions ``start`` .. ``start + counts - 1`` end there:
         the rest of their buffer is ``token`` (as transformers pads a finished row with its end
         token) and they count as done. Returns the positions after their stop tokens. One read
         from the device, whether any row stopped (and a second, the count, where one did)."""
-        offset = torch.arange(self.N, device=self.n.device)[None] - start[:, None]
-        hit = (self.seq == token) & (offset >= 0) & (offset < counts[:, None])
+        hit = (self.seq == token) & window_slots(start, counts, self.N, 1)[0]
         stopped = hit.any(1)
         if not bool(stopped.any()):
             return 0
@@ -185,6 +204,19 @@ def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, ru
     return StepVerifier(sampling)
 
 
+def fused_step(target, drafter, sampling: SamplingConfig, num_tokens: int, *, rule: Rule | None = None,
+               constraints: TokenConstraints | None = None, features: bool = False):
+    """What a decode hands ``target``'s step when the whole drafted step runs inside it, in one
+    compiled graph: the drafter's proposal, the forward, the sampling, the lossless rule, the commit
+    and the drafter's update (its :meth:`~visualspec.core.engine.Drafter.fused_step`, e.g.
+    :class:`visualspec.drafters.JacobiStep`). Only where the target's step is compiled
+    (``compiled_step``) and verifies itself (:func:`step_sampler`); else None."""
+    if (drafter is None or not getattr(target, "compiled_step", False)
+            or step_sampler(target, sampling, verifies=True, rule=rule, constraints=constraints, features=features) is None):
+        return None
+    return drafter.fused_step(sampling, rule or default_rule(sampling), num_tokens)
+
+
 def _first_tokens(rule: Rule, p: torch.Tensor, generator) -> torch.Tensor:
     """Token 0 of each row straight from the prefill's distributions ``p`` (b, V): one exact step
     with no drafts."""
@@ -229,6 +261,8 @@ class _Run:
         self.step_probs = step_sampler(target, sampling, constraints=constraints, features=self.features)
         self.step_verifies = step_sampler(target, sampling, verifies=True, rule=rule, constraints=constraints,
                                           features=self.features)
+        self.step_fuses = fused_step(target, drafter, sampling, num_tokens, rule=rule, constraints=constraints,
+                                     features=self.features)
         self._partner_rows = (None, -1)  # the guidance pairs of the model rows, and the batch size they are for
         if self.features and not hasattr(target, "feature_size"):
             reader = type(drafter if self.drafter_features else rule).__name__
@@ -368,6 +402,23 @@ class _Run:
         (probs, accepted, tokens), _ = self.forward_window(drafts, post=self.step_verifies, post_args=args)
         return Verdict(accepted[:b], tokens[:b]), probs[:b]
 
+    def forward_fused(self, k: int) -> tuple[Verdict, torch.Tensor]:
+        """One step of ``k`` drafts that runs whole inside the target's step (``step_fuses``): the
+        step's uniforms drawn first from the rows' generators (in the unfused step's order), then
+        the forward, which proposes, verifies, commits and updates the drafter in its graph. Returns
+        the rule's verdict and the counts committed, as :meth:`commit` would."""
+        rows, step, b = self.rows, self.step_fuses, len(self.rows)
+        self.step_done()  # the commit inside the step marks the positions with this forward
+        state = (rows.seq, rows.n, rows.fixed, rows.forwards, *self.drafter.step_state(b, rows.n.device),
+                 *step.uniforms(b, k, rows.generator, rows.n.device))
+        args = [self._partners(), *(None if x is None else rows.model(x) for x in state)]
+        window = rows.seq.new_zeros(b * self.sampling.model_rows_per_sample, k + 1)  # made inside the step
+        out = self.target.forward_window(window, rows.model(rows.n - 1), post=step, post_args=args)
+        seq, fixed, counts, accepted, emitted, *carry = (x[:b] for x in out)
+        self.drafter.stepped(tuple(carry))
+        start = rows.n
+        return Verdict(accepted, emitted), self._committed(start, rows.took(seq, fixed, counts, k + 1))
+
     def _partners(self) -> torch.Tensor:
         """The guidance pairs of the model rows now (:meth:`SamplingConfig.paired_rows`), made once
         per batch size."""
@@ -406,7 +457,11 @@ class _Run:
         alone kept drafts), statistics, progress; a row that commits the stop token ends
         (:meth:`_Rows.stop`). Returns the counts (b,)."""
         start = self.rows.n
-        counts = self.rows.commit(drafts, accepted, emitted, judged)
+        return self._committed(start, self.rows.commit(drafts, accepted, emitted, judged))
+
+    def _committed(self, start: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """After a commit of ``counts`` (b,) at positions ``start``: stop tokens, structural tokens,
+        statistics and progress. Returns ``counts``."""
         if self.stop_token is not None:
             self.stats.stopped_tokens += self.rows.stop(self.stop_token, start, counts)
         if self.constraints is not None:

@@ -20,10 +20,10 @@ from .any_order import AnySubsetDrafter
 from .continuous import ContinuousDraftModelDrafter
 from .feature import ChimeraDrafter, FeatureDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
-from .jacobi import INIT_SCHEMES, JacobiDrafter, coupled_redraft
+from .jacobi import INIT_SCHEMES, JacobiDrafter, JacobiStep, coupled_redraft
 from .ngram import NGramDrafter
 from .stand import StandDrafter
 
-__all__ = ["Drafter", "JacobiDrafter", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
+__all__ = ["Drafter", "JacobiDrafter", "JacobiStep", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
            "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter",
            "FeatureDrafter", "ChimeraDrafter", "AnySubsetDrafter"]

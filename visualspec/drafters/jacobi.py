@@ -4,12 +4,138 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import dataclass
+
 from ..core.engine import Drafter
-from ..core.rows import per_row
-from ..core.sampling import Generator, sample, uniform
-from ..core.verify import point_mass, residual
+from ..core.rows import commit_window, per_row
+from ..core.sampling import Generator, SamplingConfig, inverse_cdf, sample, uniform
+from ..core.verify import StepVerifier, default_rule, point_mass, residual
 
 INIT_SCHEMES = ("random", "repeat_left", "repeat_above")
+FUSED_WIDTH = 32  # carry columns under a fused step: the longest window a compiled step takes
+
+
+def random_tokens(u: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Uniform token ids in ``[lo, hi)`` at the uniforms ``u`` (any shape): ``lo + floor(u (hi - lo))``."""
+    return lo + (u * (hi - lo)).long().clamp(max=hi - lo - 1)
+
+
+def repeated_tokens(tokens: torch.Tensor, pos: torch.Tensor, carried: torch.Tensor, from_carry: torch.Tensor,
+                    init: str, grid_width: int | None = None) -> torch.Tensor:
+    """Drafts at positions ``pos`` (B, k) by ``repeat_left`` / ``repeat_above``, given the
+    committed ``tokens`` (B, N): a ``carried`` position keeps its carried token ``from_carry``, a
+    fresh one copies its source position (one to the left, or one image row of ``grid_width`` up),
+    which may itself be a fresh position of this window. Sources are followed to their end by
+    pointer jumping (log2 k gathers, no loop over the window)."""
+    B, k = pos.shape
+    src = torch.where(pos >= grid_width, pos - grid_width, pos - 1) if init == "repeat_above" else pos - 1
+    length = tokens.shape[1] + k  # room for window positions past the end (fillers)
+    values = torch.cat([tokens, tokens.new_zeros(B, k)], dim=1).scatter(1, pos, from_carry)
+    pointer = torch.arange(length, device=pos.device).expand(B, length).clone()
+    pointer.scatter_(1, pos, torch.where(carried, pos, src.clamp(min=0)))
+    for _ in range(k.bit_length()):  # 2 ** rounds > k, the longest chain
+        pointer = pointer.gather(1, pointer)
+    return values.gather(1, pointer.gather(1, pos))
+
+
+def carried_at(carry: tuple, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a Jacobi carry (:func:`carry_after`: tokens (B, C), laws (B, C, V), counts (B,)) holds
+    at the next ``k`` positions of each row: ``(has (B, k) bool: j < count, tokens (B, k), laws
+    (B, k, V))``; columns past C repeat its last one (never ``has``)."""
+    tokens, probs, count = carry
+    B, C, V = probs.shape
+    offsets = torch.arange(k, device=tokens.device)
+    index = offsets.clamp(max=C - 1)[None].expand(B, k)
+    return (offsets[None] < count[:, None], tokens.gather(1, index),
+            probs.gather(1, index[..., None].expand(B, k, V)))
+
+
+def jacobi_drafts(carried: tuple, fresh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Jacobi step's drafts (B, k) and their laws q (B, k, V), from what the carry holds there
+    (:func:`carried_at`): at position j of row b the carried token, with the law it was drawn from,
+    where it ``has`` one; else ``fresh[b, j]`` (an initialisation), a point mass."""
+    has, tokens, probs = carried
+    drafts = torch.where(has, tokens, fresh)
+    return drafts, torch.where(has[..., None], probs, point_mass(drafts, probs.shape[-1]).to(probs.dtype))
+
+
+def carry_after(new: torch.Tensor, probs: torch.Tensor, committed: torch.Tensor, width: int) -> tuple:
+    """The Jacobi update: the target's fresh draws ``new`` (B, K1) at a row's positions n..n+K1-1,
+    from ``probs`` (B, K1, V); row b committed ``committed[b]`` tokens, so it carries
+    ``new[b, committed[b]:]`` and their laws, ``count = max(K1 - committed, 0)`` of them, in
+    ``width`` >= K1 columns (those past the count are junk nobody reads)."""
+    B, K1, V = probs.shape
+    index = (committed[:, None] + torch.arange(width, device=new.device)).clamp(max=K1 - 1)
+    return new.gather(1, index), probs.gather(1, index[..., None].expand(B, width, V)), (K1 - committed).clamp(min=0)
+
+
+@dataclass(frozen=True)
+class JacobiStep:
+    """A whole SJD step run inside the target's compiled step, in one graph: the Jacobi proposal
+    (:func:`jacobi_drafts` of the carry and ``random`` initialisations), the window, the forward,
+    the sampling and the lossless rule (:class:`~visualspec.core.verify.StepVerifier`), the commit
+    (:func:`~visualspec.core.rows.commit_window`) and the Jacobi update (:func:`carry_after`),
+    instead of a few dozen small eager calls around the graph. Its randomness is drawn before the
+    step, in the order the unfused step draws it (:meth:`uniforms`), so it gives the same tokens.
+
+    The target calls :meth:`window` before its forward (to make its window from the arguments)
+    and the step itself on the logits; every argument has one row per model row (padded rows too).
+    Frozen and hashable: equal steps share a compiled graph."""
+
+    sampling: SamplingConfig
+    num_tokens: int  # positions a row generates (its token buffer's length)
+    init: str  # the drafter's initialisation scheme (INIT_SCHEMES)
+    init_vocab: tuple[int, int]
+    grid_width: int | None = None
+    label = "Jacobi drafts, sampling, rule and commit"  # what a compiling step says it compiles with
+
+    def uniforms(self, rows: int, k: int, generator: Generator = None, device=None) -> tuple:
+        """The step's uniforms, drawn in the unfused step's order: the ``random`` initialisations
+        (rows, k), the rule's (:func:`~visualspec.core.verify.rule_uniforms`), the update's draws
+        (rows, k + 1); None for what it does not draw (greedy draws only the initialisations)."""
+        init = uniform((rows, k), generator, device=device) if self.init == "random" else None
+        if self.sampling.greedy:
+            return init, None, None, None
+        return (init, uniform((rows, k), generator, device=device), uniform((rows,), generator, device=device),
+                uniform((rows, k + 1), generator, device=device))
+
+    def window(self, tokens, partner, seq, n, fixed, forwards, carried, carried_probs, count, u_init, u, u_emit,
+               u_draw):
+        """The window ``[x_{n-1}, drafts]`` of each row, of ``tokens``' shape (R, k + 1), and the
+        arguments of the step."""
+        k = tokens.shape[1] - 1
+        at = carried_at((carried, carried_probs, count), k)
+        if self.init == "random":
+            fresh = random_tokens(u_init, *self.init_vocab)
+        else:
+            fresh = repeated_tokens(seq, n[:, None] + torch.arange(k, device=n.device), *at[:2], self.init,
+                                    self.grid_width)
+        drafts, q = jacobi_drafts(at, fresh)
+        last = seq.gather(1, (n - 1).clamp(min=0)[:, None])  # padded rows have n = 0
+        return torch.cat([last, drafts], 1), (partner, seq, n, fixed, forwards, carried.shape[1], drafts, q, u,
+                                              u_emit, u_draw)
+
+    def __call__(self, logits, partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw):
+        """``(seq, fixed, counts, num_accepted, next_tokens, carried, carried_probs, count)`` after
+        the step."""
+        greedy = self.sampling.greedy
+        probs, accepted, emitted = StepVerifier(self.sampling)(logits, partner, drafts, None if greedy else q, u, u_emit)
+        seq, fixed, counts = commit_window(seq, fixed, n, forwards, drafts, accepted, emitted)
+        new = probs.argmax(-1) if greedy else inverse_cdf(probs, u_draw)
+        return (seq, fixed, counts, accepted, emitted, *carry_after(new, probs, counts, width))
+
+    def example_args(self, model_rows: int, window: int, vocab_size: int, device=None) -> tuple:
+        """Arguments of the shapes and dtypes a step of ``model_rows`` rows and ``window`` tokens
+        hands it (to compile its graph before decoding)."""
+        def zeros(*shape, dtype=torch.long):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+        k, sampled = window - 1, not self.sampling.greedy
+        uniforms = [zeros(model_rows, k, dtype=torch.float64) if self.init == "random" else None,
+                    *([zeros(model_rows, k, dtype=torch.float64), zeros(model_rows, dtype=torch.float64),
+                       zeros(model_rows, window, dtype=torch.float64)] if sampled else [None] * 3)]
+        return (zeros(model_rows), zeros(model_rows, self.num_tokens), zeros(model_rows), zeros(model_rows, self.num_tokens),
+                zeros(model_rows), zeros(model_rows, FUSED_WIDTH),
+                zeros(model_rows, FUSED_WIDTH, vocab_size, dtype=torch.float32), zeros(model_rows), *uniforms)
 
 
 def coupled_redraft(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
@@ -69,52 +195,24 @@ class JacobiDrafter(Drafter):
 
     def start(self, batch_size, num_tokens, sampling):
         self.sampling = sampling
-        self.carried = None  # (B, C) tokens predicted by the target past each row's committed prefix
-        self.carried_probs = None  # (B, C, V) the distributions they were sampled from
-        self.count = torch.zeros(batch_size, dtype=torch.long)  # valid carried tokens per row
+        # what each row carries past its committed prefix (:func:`carry_after`): None before the first step
+        self.carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.width = 0  # columns the carry keeps (a fused step fixes it: :meth:`fused_step`)
         self.proposed = None  # (drafts, q) of the latest proposal, for coupling
 
     def propose(self, tokens, n, k, generator=None):
         B, device = tokens.shape[0], tokens.device
         n = per_row(n, B, device)
-        offsets = torch.arange(k, device=device)
-        count = self.count.to(device)
-        carried = (offsets[None] < count[:, None]) if self.carried is not None else offsets[None].expand(B, k) < 0
-        from_carry = tokens.new_zeros(B, k)
-        if self.carried is not None:
-            index = offsets.clamp(max=self.carried.shape[1] - 1)[None].expand(B, k)
-            from_carry = self.carried.gather(1, index)
-        if self.init == "random":  # k draws per row, whatever it carries
-            lo, hi = self.init_vocab
-            u = uniform((B, k), generator, device=device)
-            fresh = (lo + (u * (hi - lo)).long().clamp(max=hi - lo - 1)).to(tokens.dtype)
-            drafts = torch.where(carried, from_carry, fresh)
-        else:
-            drafts = self._repeat(tokens, n[:, None] + offsets, carried, from_carry)
-        q = None
-        if self.carried is not None and bool(carried.any()):
-            index = offsets.clamp(max=self.carried.shape[1] - 1)[None, :, None].expand(B, k, self.vocab_size)
-            q = torch.where(carried[..., None], self.carried_probs.gather(1, index), point_mass(drafts, self.vocab_size))
+        fresh = random_tokens(uniform((B, k), generator, device=device), *self.init_vocab).to(tokens.dtype) \
+            if self.init == "random" else None  # k draws per row, whatever it carries
+        at = carried_at(self.carry, k) if self.carry is not None else None
+        if fresh is None:
+            nothing = (torch.zeros(B, k, dtype=torch.bool, device=device), tokens.new_zeros(B, k))
+            fresh = repeated_tokens(tokens, n[:, None] + torch.arange(k, device=device), *(at[:2] if at else nothing),
+                                    self.init, self.grid_width)
+        drafts, q = jacobi_drafts(at, fresh) if at is not None else (fresh, None)  # none carried: point masses
         self.proposed = (drafts, q)
         return drafts, q
-
-    def _repeat(self, tokens, pos, carried, from_carry):
-        """Drafts at positions ``pos`` (B, k) by ``repeat_left`` / ``repeat_above``: a carried
-        position keeps its carried token, a fresh one copies its source position (one to the left,
-        or one image row up), which may itself be a fresh position of this window. Sources are
-        followed to their end by pointer jumping (log2 k gathers, no loop over the window)."""
-        B, k = pos.shape
-        if self.init == "repeat_above":
-            src = torch.where(pos >= self.grid_width, pos - self.grid_width, pos - 1)
-        else:
-            src = pos - 1
-        length = tokens.shape[1] + k  # room for window positions past the end (fillers)
-        values = torch.cat([tokens, tokens.new_zeros(B, k)], dim=1).scatter(1, pos, from_carry)
-        pointer = torch.arange(length, device=pos.device).expand(B, length).clone()
-        pointer.scatter_(1, pos, torch.where(carried, pos, src.clamp(min=0)))
-        for _ in range(k.bit_length()):  # 2 ** rounds > k, the longest chain
-            pointer = pointer.gather(1, pointer)
-        return values.gather(1, pointer.gather(1, pos))
 
     def observe(self, n, committed, target_probs, generator=None):
         # target_probs[:, j] is the target's distribution at position n + j; keep, per row, the
@@ -125,16 +223,39 @@ class JacobiDrafter(Drafter):
         if self.coupling and not self.sampling.greedy and self.proposed is not None and K1 > 1:
             drafts, q = self.proposed
             new[:, :K1 - 1] = coupled_redraft(drafts, q, target_probs[:, :K1 - 1], generator)
-        index = (committed[:, None] + torch.arange(K1, device=new.device)).clamp(max=K1 - 1)
-        self.carried = new.gather(1, index)
-        self.carried_probs = target_probs.gather(1, index[..., None].expand(B, K1, V))
-        self.count = (K1 - committed).clamp(min=0).cpu()
+        self.width = max(self.width, K1)
+        self.carry = carry_after(new, target_probs, committed, self.width)
         self.proposed = None
 
     def select(self, rows):
-        self.count = self.count[rows.cpu()]
-        if self.carried is not None:
-            self.carried, self.carried_probs = self.carried[rows], self.carried_probs[rows]
+        if self.carry is not None:
+            self.carry = tuple(x[rows] for x in self.carry)
 
     def reset(self, rows, requests):
-        self.count[rows.cpu()] = 0
+        if self.carry is not None:
+            self.carry[2][rows] = 0
+
+    def fused_step(self, sampling, rule, num_tokens):
+        """The whole step, run inside the target's step (:class:`JacobiStep`), where the drafts are
+        uncoupled and verified by the lossless rule; else None."""
+        if self.coupling or rule is not default_rule(sampling):
+            return None
+        return JacobiStep(sampling, num_tokens, self.init, self.init_vocab, self.grid_width)
+
+    def step_state(self, rows, device=None) -> tuple:
+        """The carry a fused step reads: :data:`FUSED_WIDTH` columns from now on (one shape for its
+        graphs), empty before the first step."""
+        self.width = max(self.width, FUSED_WIDTH)
+        if self.carry is None:
+            self.carry = (torch.zeros(rows, self.width, dtype=torch.long, device=device),
+                          torch.zeros(rows, self.width, self.vocab_size, device=device),
+                          torch.zeros(rows, dtype=torch.long, device=device))
+        elif self.carry[0].shape[1] < self.width:  # unfused steps carried fewer columns
+            more = self.width - self.carry[0].shape[1]
+            tokens, probs, count = self.carry
+            self.carry = (torch.nn.functional.pad(tokens, (0, more)), torch.nn.functional.pad(probs, (0, 0, 0, more)),
+                          count)
+        return self.carry
+
+    def stepped(self, state: tuple) -> None:
+        self.carry = state
