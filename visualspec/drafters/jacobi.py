@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import dataclass
 
+import torch
+
+from ..core.compiled import COMPILED_WINDOWS
 from ..core.engine import Drafter
 from ..core.rows import commit_window, per_row
 from ..core.sampling import Generator, SamplingConfig, inverse_cdf, sample, uniform
 from ..core.verify import StepVerifier, default_rule, point_mass, residual
 
 INIT_SCHEMES = ("random", "repeat_left", "repeat_above")
-FUSED_WIDTH = 32  # carry columns under a fused step: the longest window a compiled step takes
+FUSED_WIDTH = COMPILED_WINDOWS  # carry columns under a fused step: the longest window a compiled step takes
 
 
 def random_tokens(u: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -72,7 +73,7 @@ def carry_after(new: torch.Tensor, probs: torch.Tensor, committed: torch.Tensor,
 @dataclass(frozen=True)
 class JacobiStep:
     """A whole SJD step run inside the target's compiled step, in one graph: the Jacobi proposal
-    (:func:`jacobi_drafts` of the carry and ``random`` initialisations), the window, the forward,
+    (:func:`jacobi_drafts` of the carry and the initialisations), the window, the forward,
     the sampling and the lossless rule (:class:`~visualspec.core.verify.StepVerifier`), the commit
     (:func:`~visualspec.core.rows.commit_window`) and the Jacobi update (:func:`carry_after`),
     instead of a few dozen small eager calls around the graph. Its randomness is drawn before the
@@ -112,8 +113,8 @@ class JacobiStep:
                                     self.grid_width)
         drafts, q = jacobi_drafts(at, fresh)
         last = seq.gather(1, (n - 1).clamp(min=0)[:, None])  # padded rows have n = 0
-        return torch.cat([last, drafts], 1), (partner, seq, n, fixed, forwards, carried.shape[1], drafts, q, u,
-                                              u_emit, u_draw)
+        width = max(carried.shape[1], k + 1)  # a longer window (run eagerly) widens the carry
+        return torch.cat([last, drafts], 1), (partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw)
 
     def __call__(self, logits, partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw):
         """``(seq, fixed, counts, num_accepted, next_tokens, carried, carried_probs, count)`` after
@@ -258,4 +259,4 @@ class JacobiDrafter(Drafter):
         return self.carry
 
     def stepped(self, state: tuple) -> None:
-        self.carry = state
+        self.carry, self.width = state, state[0].shape[1]
