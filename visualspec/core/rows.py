@@ -394,12 +394,12 @@ class _Run:
         distributions (b, K+1, V), as :meth:`forward_probs` and :meth:`verify` would."""
         rows = self.rows
         b, k, greedy = len(rows), drafts.shape[1], self.sampling.greedy
-        u, u_emit = (None, None) if greedy else rule_uniforms(drafts, rows.generator)
+        u, u_emit = (None, None) if greedy else rule_uniforms(b, k, rows.generator, drafts.device)
         if k and not greedy and draft_probs is None:
             draft_probs = point_mass(drafts, self.target.vocab_size)
         rule_args = (drafts if k else None, None if greedy else draft_probs, u, u_emit)  # StepVerifier's order
-        args = [self._partners(), *(None if x is None else rows.model(x) for x in rule_args)]
-        (probs, accepted, tokens), _ = self.forward_window(drafts, post=self.step_verifies, post_args=args)
+        (probs, accepted, tokens), _ = self.forward_window(drafts, post=self.step_verifies,
+                                                          post_args=self._step_args(rule_args))
         return Verdict(accepted[:b], tokens[:b]), probs[:b]
 
     def forward_fused(self, k: int) -> tuple[Verdict, torch.Tensor]:
@@ -411,13 +411,17 @@ class _Run:
         self.step_done()  # the commit inside the step marks the positions with this forward
         state = (rows.seq, rows.n, rows.fixed, rows.forwards, *self.drafter.step_state(b, rows.n.device),
                  *step.uniforms(b, k, rows.generator, rows.n.device))
-        args = [self._partners(), *(None if x is None else rows.model(x) for x in state)]
         window = rows.seq.new_zeros(b * self.sampling.model_rows_per_sample, k + 1)  # made inside the step
-        out = self.target.forward_window(window, rows.model(rows.n - 1), post=step, post_args=args)
+        out = self.target.forward_window(window, rows.model(rows.n - 1), post=step, post_args=self._step_args(state))
         seq, fixed, counts, accepted, emitted, *carry = (x[:b] for x in out)
         self.drafter.stepped(tuple(carry))
         start = rows.n
         return Verdict(accepted, emitted), self._committed(start, rows.took(seq, fixed, counts, k + 1))
+
+    def _step_args(self, values) -> list:
+        """What a step's ``post`` is handed: the guidance pairs (:meth:`_partners`), then each of
+        ``values`` (one row per row, or None) in the model's rows."""
+        return [self._partners(), *(None if x is None else self.rows.model(x) for x in values)]
 
     def _partners(self) -> torch.Tensor:
         """The guidance pairs of the model rows now (:meth:`SamplingConfig.paired_rows`), made once

@@ -74,15 +74,19 @@ def _emit(num_accepted, stop_dist, target_probs, u_emit) -> Verdict:
     return Verdict(num_accepted, inverse_cdf(dist, u_emit))
 
 
-def rule_uniforms(draft_tokens: torch.Tensor, generator: Generator = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The uniforms a step of the speculative rule draws for ``draft_tokens`` (B, K), in its order:
-    one per draft (the acceptance tests, (B, K)), then one per row for the emitted token (B,).
-    Drawn up front, the rule can run where no generator reaches (inside a compiled step,
-    :class:`StepVerifier`) and still give the tokens it gives drawing them itself."""
-    B, K = draft_tokens.shape[:2]
-    device = draft_tokens.device
-    u = uniform((B, K), generator, device=device) if K else None
-    return u, uniform((B,), generator, device=device)
+def rule_uniforms(rows: int, k: int, generator: Generator = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uniforms a step of the speculative rule draws for ``k`` drafts in each of ``rows`` rows,
+    in its order: one per draft (the acceptance tests, (rows, k); None when k = 0), then one per
+    row for the emitted token (rows,). Drawn up front, the rule can run where no generator reaches
+    (inside a compiled step, :class:`StepVerifier`) and still give the tokens it gives drawing them
+    itself."""
+    u = uniform((rows, k), generator, device=device) if k else None
+    return u, uniform((rows,), generator, device=device)
+
+
+def _uniforms_for(draft_tokens: torch.Tensor, generator: Generator = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rule_uniforms` for ``draft_tokens`` (B, K), on their device."""
+    return rule_uniforms(*draft_tokens.shape[:2], generator, draft_tokens.device)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -107,7 +111,7 @@ def speculative_verify(draft_tokens, draft_probs, target_probs, generator: Gener
     SJD's probabilistic Jacobi criterion is exactly this rule with q_i the previous Jacobi
     iteration's distribution at that position (see :class:`visualspec.drafters.JacobiDrafter`).
     """
-    return speculative_verdict(draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator))
+    return speculative_verdict(draft_tokens, draft_probs, target_probs, *_uniforms_for(draft_tokens, generator))
 
 
 def speculative_verdict(draft_tokens, draft_probs, target_probs, u, u_emit) -> Verdict:
@@ -125,7 +129,7 @@ def speculative_verdict(draft_tokens, draft_probs, target_probs, u, u_emit) -> V
 def _autoregressive_step(target_probs, generator) -> Verdict:
     """No drafts: emit one token from p_0."""
     no_drafts = target_probs.new_empty(target_probs.shape[0], 0, dtype=torch.long)
-    return speculative_verdict(no_drafts, None, target_probs, *rule_uniforms(no_drafts, generator))
+    return speculative_verdict(no_drafts, None, target_probs, *_uniforms_for(no_drafts, generator))
 
 
 def _verify_against(draft_tokens, draft_probs, target_probs, u, u_emit, target_mass, stop_target,
@@ -254,7 +258,7 @@ def judge_verify(draft_tokens, draft_probs, target_probs, generator: Generator =
     if scores.shape != draft_tokens.shape:
         raise ValueError(f"scores must have the drafts' shape {tuple(draft_tokens.shape)}, got {tuple(scores.shape)}")
     p_x = target_probs[:, :-1].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    return _verify_against(draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator), p_x,
+    return _verify_against(draft_tokens, draft_probs, target_probs, *_uniforms_for(draft_tokens, generator), p_x,
                            lambda stop, x_stop: _row_at(target_probs, stop), also=scores > threshold)
 
 
@@ -318,7 +322,7 @@ def lantern_verify(draft_tokens, draft_probs, target_probs, generator: Generator
     p = target_probs[:, :-1]
     p_tilde, absorbed = lantern_relaxation(p, draft_tokens, neighbours, delta=delta, lam=lam)
     return _verify_against(
-        draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator), p_tilde,
+        draft_tokens, draft_probs, target_probs, *_uniforms_for(draft_tokens, generator), p_tilde,
         lambda stop, x_stop: relaxed_distribution(_row_at(p, stop), x_stop, neighbours, _row_at(absorbed, stop)))
 
 
@@ -398,6 +402,6 @@ def gsd_verify(draft_tokens, draft_probs, target_probs, generator: Generator = N
     q_group = q_x if draft_probs is None else (draft_probs * group).sum(-1)
     # _verify_against accepts with min(1, mass / q(x)): scale p(G) by q(x) / q(G) (1 when G = {x})
     scale = torch.where(q_group > 0, q_x.double() / q_group.double().clamp(min=1e-300), 0.0)
-    return _verify_against(draft_tokens, draft_probs, target_probs, *rule_uniforms(draft_tokens, generator),
+    return _verify_against(draft_tokens, draft_probs, target_probs, *_uniforms_for(draft_tokens, generator),
                            p_group.double() * scale,
                            lambda stop, x_stop: _row_at(target_probs, stop))

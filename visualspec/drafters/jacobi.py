@@ -10,7 +10,7 @@ from ..core.compiled import COMPILED_WINDOWS
 from ..core.engine import Drafter
 from ..core.rows import commit_window, per_row
 from ..core.sampling import Generator, SamplingConfig, inverse_cdf, sample, uniform
-from ..core.verify import StepVerifier, default_rule, point_mass, residual
+from ..core.verify import StepVerifier, default_rule, point_mass, residual, rule_uniforms
 
 INIT_SCHEMES = ("random", "repeat_left", "repeat_above")
 FUSED_WIDTH = COMPILED_WINDOWS  # carry columns under a fused step: the longest window a compiled step takes
@@ -97,8 +97,7 @@ class JacobiStep:
         init = uniform((rows, k), generator, device=device) if self.init == "random" else None
         if self.sampling.greedy:
             return init, None, None, None
-        return (init, uniform((rows, k), generator, device=device), uniform((rows,), generator, device=device),
-                uniform((rows, k + 1), generator, device=device))
+        return init, *rule_uniforms(rows, k, generator, device), uniform((rows, k + 1), generator, device=device)
 
     def window(self, tokens, partner, seq, n, fixed, forwards, carried, carried_probs, count, u_init, u, u_emit,
                u_draw):
