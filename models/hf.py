@@ -165,9 +165,14 @@ class HFCausalLM:
 
     def prefill(self, prefix, max_new_tokens: int, static: bool | None = None, features: bool = False):
         """Reset the cache and run ``prefix``; logits (B, V) for generated position 0, and with
-        ``features`` also the prefix's features (B, T, D), column for column (padding included)."""
+        ``features`` also the prefix's features (B, T, D), column for column (padding included).
+        As a new decode begins, each compiled bucket's guards are checked once more, then skipped
+        (:meth:`~visualspec.core.compiled.StepCompiler.recheck`)."""
         from transformers import DynamicCache, StaticCache
 
+        for compiler in (self._compiler, self._tree_compiler):
+            if compiler is not None:
+                compiler.recheck()
         static = self.static if static is None else static
         input_ids, attention_mask = prefix if isinstance(prefix, (tuple, list)) else (prefix, None)
         if attention_mask is None:

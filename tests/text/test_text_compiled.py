@@ -1,6 +1,8 @@
 """The static cache and compiled step of transformers models (#48): the rules that shape it, the
 same tokens as the eager step, every window bucket compiled before a decode and never in it."""
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -108,6 +110,35 @@ def test_precompile_compiles_each_window_bucket_once_and_says_so(compiled_pair, 
     assert "window 8, a 128-column cache" in err
     lm.precompile(prefix, 8, range(1, 6))
     assert capfd.readouterr().err == ""
+
+
+@torch.no_grad()
+def test_guards_are_checked_once_a_decode_then_skipped(compiled_pair):
+    """As the LlamaGen GPT's step does: after a prefill each compiled bucket's first call checks
+    torch's guards and the later calls skip them, and a change its bucket key does not name (the
+    head's layout) is caught at the first call after the next prefill, with the error that names
+    the bucket."""
+    model, _ = compiled_pair
+    lm = HFCausalLM(model)
+    lm.compile_step()
+    prefix, tokens = torch.randint(2, 64, (1, 3), generator=torch.Generator().manual_seed(0)), torch.zeros(1, 1, dtype=torch.long)
+    lm.precompile(prefix, 8, [1])
+    lm.prefill(prefix, 8)
+    skipped, set_stance = [], torch.compiler.set_stance
+    with mock.patch.object(torch.compiler, "set_stance",
+                           side_effect=lambda *a, **kw: skipped.append(kw["skip_guard_eval_unsafe"]) or set_stance(*a, **kw)):
+        for position in range(3):
+            lm.forward_window(tokens, position)
+    assert skipped == [False, True, True]
+    head = model.get_output_embeddings()
+    weight = head.weight
+    try:
+        head.weight = torch.nn.Parameter(weight.t().contiguous().t())  # same values, column-major
+        lm.prefill(prefix, 8)
+        with pytest.raises(RuntimeError, match="wanted to recompile"):
+            lm.forward_window(tokens, 0)
+    finally:
+        head.weight = weight
 
 
 def test_compile_auto_follows_the_costs_a_compiled_call_stored(tokenizer, tmp_path, monkeypatch, capfd):
