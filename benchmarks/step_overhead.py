@@ -9,12 +9,14 @@ For each batch size and mode (a bench mode of the pipeline: ``ar``, ``sjd``, ...
 ``+compiled``), it generates ``--images`` images (after one untimed warm-up call that measures the
 window costs and compiles), timing two things inside the same calls:
 
-- the decode loop (``visualspec.core.engine.decode``: prefill, every step, the commits);
+- the decode loop (``visualspec.core.engine.decode``: prefill, every step, the commits), and the
+  prefills inside it (the target's ``prefill`` and ``refill``: the prompt's forward, once per
+  request), which are no step: a step's time is the loop's less its prefills';
 - the target's forwards inside it (``forward_window``; an any-order model's draft forward
   ``forward_queries`` too, which its ASSD steps run besides).
 
-It prints per image the seconds and target forwards, and per step the milliseconds of the whole
-step, of its forward, and their ratio (the engine's own work is the rest: drafting, the rule,
+It prints per image the seconds, target forwards and prefill milliseconds, and per step the
+milliseconds of the whole step, of its forward, and their ratio (the engine's own work is the rest: drafting, the rule,
 bookkeeping). A forward may hold more than the model's: the sampling and the rule inside a
 compiled step, or a whole fused Jacobi step (the drafts, the rule, the commit). So after each
 mode's timed calls it replays every window forward those calls made, at the same shapes and
@@ -62,12 +64,12 @@ def target_class(pipe) -> type:
 
 
 class Timers:
-    """Seconds inside ``decode`` (as the pipeline's module calls it) and inside the target's
-    forwards (``forward_window``, and an any-order model's draft forward ``forward_queries``), with
-    the count of window forwards (one a step)."""
+    """Seconds inside ``decode`` (as the pipeline's module calls it), inside the target's prefills
+    (``prefill``, ``refill``) and inside its forwards (``forward_window``, and an any-order model's
+    draft forward ``forward_queries``), with the count of window forwards (one a step)."""
 
     def __init__(self, pipe, device):
-        self.decode_s = self.forward_s = 0.0
+        self.decode_s = self.forward_s = self.prefill_s = 0.0
         self.forwards = 0
         family, cls = sys.modules[type(pipe).__module__], target_class(pipe)
 
@@ -77,6 +79,9 @@ class Timers:
         def add_forward(seconds, step=True):
             self.forward_s += seconds
             self.forwards += step
+
+        def add_prefill(seconds):
+            self.prefill_s += seconds
 
         def add_query(seconds):
             add_forward(seconds, False)
@@ -91,11 +96,18 @@ class Timers:
 
         patched = [(family, "decode", timed(family.decode, add_decode))]
         patched.append((cls, "forward_window", recorded))
+        patched += [(cls, name, timed(getattr(cls, name), add_prefill, device)) for name in ("prefill", "refill")
+                    if hasattr(cls, name)]
         if hasattr(cls, "forward_queries"):
             patched.append((cls, "forward_queries", timed(cls.forward_queries, add_query, device)))
         self._saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patched]
         for owner, name, fn in patched:
             setattr(owner, name, fn)
+
+    @property
+    def step_s(self) -> float:
+        """Seconds of the decode's steps: the loop's less its prefills'."""
+        return self.decode_s - self.prefill_s
 
     def close(self):
         for owner, name, before in self._saved:
@@ -108,15 +120,21 @@ class Timers:
     def bare_s(self, device) -> float:
         """Seconds of every recorded window forward run again bare, at its shape and positions (the
         draft forwards as they were timed): all of them once untimed (a compiled model compiles its
-        bare graphs there), then again, timed. The cache holds the last decode's keys, which a
-        forward's cost does not depend on."""
+        bare graphs there), then again, timed. Before each, the cache is cropped to the window's
+        start (untimed; a static cache crops nothing), so that a cache that grows with its columns
+        (the transformers adapters') holds what it held in the step. The cache holds the last
+        decode's keys, which a forward's cost does not depend on."""
         passes = []
         for _ in range(2):  # the first pass compiles what a compiled model lacks (its bare graphs), untimed
-            t0 = time.perf_counter()
+            seconds = 0.0
             for model, shape, start in self.windows:
-                model.forward_window(torch.zeros(shape, dtype=torch.long, device=device), start)
-            synchronize(device)
-            passes.append(time.perf_counter() - t0)
+                model.crop(start)
+                tokens = torch.zeros(shape, dtype=torch.long, device=device)
+                t0 = time.perf_counter()
+                model.forward_window(tokens, start)
+                synchronize(device)
+                seconds += time.perf_counter() - t0
+            passes.append(seconds)
         return passes[-1] + self.query_s
 
 
@@ -133,9 +151,9 @@ def main(argv=None) -> int:
     pipe = VisualSpecPipeline.from_pretrained(folder).to(device)
     pipe.set_progress_bar_config(disable=True)
     print(f"{folder}: {machine_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print("| batch | mode | s/image | forwards/image | step ms | forward ms | step / forward | bare forward ms "
-          "| step / bare forward |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| batch | mode | s/image | forwards/image | prefill ms/image | step ms | forward ms | step / forward "
+          "| bare forward ms | step / bare forward |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for batch in args.batch_sizes:
         images = max(args.images, batch)
         prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(images)]
@@ -152,9 +170,9 @@ def main(argv=None) -> int:
                 timers.close()
             steps, bare = timers.forwards, timers.bare_s(device)
             print(f"| {batch} | {mode} | {seconds / images:.3f} | {steps * batch / images:.1f} | "
-                  f"{timers.decode_s / steps * 1e3:.2f} | {timers.forward_s / steps * 1e3:.2f} | "
-                  f"{timers.decode_s / timers.forward_s:.2f} | {bare / steps * 1e3:.2f} | "
-                  f"{timers.decode_s / bare:.2f} |", flush=True)
+                  f"{timers.prefill_s / images * 1e3:.1f} | {timers.step_s / steps * 1e3:.2f} | "
+                  f"{timers.forward_s / steps * 1e3:.2f} | {timers.step_s / timers.forward_s:.2f} | "
+                  f"{bare / steps * 1e3:.2f} | {timers.step_s / bare:.2f} |", flush=True)
     return 0
 
 
