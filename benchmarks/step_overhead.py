@@ -16,19 +16,22 @@ window costs and compiles), timing two things inside the same calls:
   ``forward_queries`` too, which its ASSD steps run besides).
 
 It prints per image the seconds, target forwards and prefill milliseconds, and per step the
-milliseconds of the whole step, of its forward, and their ratio (the engine's own work is the rest: drafting, the rule,
-bookkeeping). A forward may hold more than the model's: the sampling and the rule inside a
-compiled step, or a whole fused Jacobi step (the drafts, the rule, the commit). So after each
-mode's timed calls it replays every window forward those calls made, at the same shapes and
-positions, bare (the model alone, no sampling, rule or drafts), and prints the step against that
-bare forward too. The issue's target is a step of at most 1.15x the bare forward of its window. On a GPU (``--device
-cuda``) each timed forward waits for its kernels, so that its time is the forward's own; that
-adds a synchronisation a step, which the engine's rule makes anyway where it reads acceptance.
+milliseconds of the whole step, of its forward, and their ratio (the engine's own work is the
+rest: drafting, the rule, bookkeeping). A forward may hold more than the model's: the sampling and
+the rule inside a compiled step, or a whole fused Jacobi step (the drafts, the rule, the commit).
+So right after each timed call it replays every window forward that call made, at the same shapes
+and positions, bare (the model alone, no sampling, rule or drafts), and prints the step against
+that bare forward: over all calls, and the median (and range) of the calls' own ratios, which a
+machine whose speed drifts between calls moves least. The issue's target is a step of at most
+1.15x the bare forward of its window. On a GPU (``--device cuda``) each timed forward waits for
+its kernels, so that its time is the forward's own; that adds a synchronisation a step, which the
+engine's rule makes anyway where it reads acceptance.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,16 +68,15 @@ def target_class(pipe) -> type:
 
 class Timers:
     """Seconds inside ``decode`` (as the pipeline's module calls it), inside the target's prefills
-    (``prefill``, ``refill``) and inside its forwards (``forward_window``, and an any-order model's
-    draft forward ``forward_queries``), with the count of window forwards (one a step)."""
+    within it (``prefill``, ``refill``) and inside its forwards (``forward_window``, and an any-order
+    model's draft forward ``forward_queries``), with the count of window forwards (one a step).
+    ``events`` records each prefill's arguments and each window forward's shape and start, in
+    order, for :meth:`bare_s`."""
 
     def __init__(self, pipe, device):
         self.decode_s = self.forward_s = self.prefill_s = 0.0
-        self.forwards = 0
+        self.forwards, self.decoding = 0, False
         family, cls = sys.modules[type(pipe).__module__], target_class(pipe)
-
-        def add_decode(seconds):
-            self.decode_s += seconds
 
         def add_forward(seconds, step=True):
             self.forward_s += seconds
@@ -87,17 +89,39 @@ class Timers:
             add_forward(seconds, False)
             self.query_s += seconds
 
-        self.query_s, self.windows = 0.0, []  # the draft forwards' seconds; each window forward's (model, shape, start)
-        window_forward = timed(cls.forward_window, add_forward, device)
+        self.query_s, self.events = 0.0, []  # the draft forwards' seconds; ("prefill" | "window", model, ...)
+        forward_window = cls.forward_window
+        window_forward = timed(forward_window, add_forward, device)
+
+        def decode(*args, **kwargs):
+            self.decoding, t0 = True, time.perf_counter()
+            try:
+                return family_decode(*args, **kwargs)
+            finally:
+                self.decoding = False
+                self.decode_s += time.perf_counter() - t0
 
         def recorded(model, tokens, start, *args, **kwargs):
-            self.windows.append((model, tokens.shape, start.clone() if torch.is_tensor(start) else start))
+            if not self.decoding:  # a pipeline's precompile runs windows too, before its decode
+                return forward_window(model, tokens, start, *args, **kwargs)
+            self.events.append(("window", model, tokens.shape, start.clone() if torch.is_tensor(start) else start))
             return window_forward(model, tokens, start, *args, **kwargs)
 
-        patched = [(family, "decode", timed(family.decode, add_decode))]
-        patched.append((cls, "forward_window", recorded))
-        patched += [(cls, name, timed(getattr(cls, name), add_prefill, device)) for name in ("prefill", "refill")
-                    if hasattr(cls, name)]
+        def prefill_of(name):
+            before = getattr(cls, name)
+            prefill = timed(before, add_prefill, device)
+
+            def call(model, *args, **kwargs):
+                if not self.decoding:  # a pipeline's precompile prefills too: no step, not the decode's
+                    return before(model, *args, **kwargs)
+                if name == "prefill":
+                    self.events.append(("prefill", model, args, kwargs))
+                return prefill(model, *args, **kwargs)
+            return call
+
+        family_decode = family.decode
+        patched = [(family, "decode", decode), (cls, "forward_window", recorded)]
+        patched += [(cls, name, prefill_of(name)) for name in ("prefill", "refill") if hasattr(cls, name)]
         if hasattr(cls, "forward_queries"):
             patched.append((cls, "forward_queries", timed(cls.forward_queries, add_query, device)))
         self._saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patched]
@@ -117,25 +141,56 @@ class Timers:
                 setattr(owner, name, before)
 
     @torch.no_grad()
-    def bare_s(self, device) -> float:
+    def bare_s(self, device, passes: int = 1) -> float:
         """Seconds of every recorded window forward run again bare, at its shape and positions (the
-        draft forwards as they were timed): all of them once untimed (a compiled model compiles its
-        bare graphs there), then again, timed. Before each, the cache is cropped to the window's
-        start (untimed; a static cache crops nothing), so that a cache that grows with its columns
-        (the transformers adapters') holds what it held in the step. The cache holds the last
-        decode's keys, which a forward's cost does not depend on."""
-        passes = []
-        for _ in range(2):  # the first pass compiles what a compiled model lacks (its bare graphs), untimed
-            seconds = 0.0
-            for model, shape, start in self.windows:
+        draft forwards as they were timed), in the last of ``passes`` passes (an earlier one compiles
+        what a compiled model lacks: its bare graphs). Untimed around them, the decode's own cache
+        moves are made again: each prefill (with its arguments), each drop of finished rows (to the
+        next window's rows), and before each window a crop to its start (a static cache crops
+        nothing; the transformers adapters' cache would otherwise hold every replayed window's
+        columns). The calls it replays refill no rows. The cache holds the last decode's keys,
+        which a forward's cost does not depend on."""
+        for _ in range(passes):
+            seconds, rows = 0.0, None
+            for kind, model, *event in self.events:
+                if kind == "prefill":
+                    args, kwargs = event
+                    model.prefill(*args, **kwargs)
+                    rows = None
+                    continue
+                shape, start = event
+                if rows is not None and shape[0] < rows:  # rows that finished left the batch here
+                    model.select(torch.arange(shape[0], device=device))
+                rows = shape[0]
                 model.crop(start)
                 tokens = torch.zeros(shape, dtype=torch.long, device=device)
                 t0 = time.perf_counter()
                 model.forward_window(tokens, start)
                 synchronize(device)
                 seconds += time.perf_counter() - t0
-            passes.append(seconds)
-        return passes[-1] + self.query_s
+        return seconds + self.query_s
+
+
+def timed_calls(pipe, prompts: list, batch: int, settings: dict, device) -> list[tuple[Timers, float, float]]:
+    """One warm-up call (window costs measured, graphs compiled, bare ones too), then a call per
+    ``batch`` prompts, each timed and followed at once by the bare replay of its forwards: a list of
+    (timers, the call's seconds, its bare seconds). Replaying each call right after it puts both
+    in the same state of a machine whose speed drifts from minute to minute."""
+    def call(start: int, seed: int) -> tuple[Timers, float]:
+        timers = Timers(pipe, device)
+        try:
+            t0 = time.perf_counter()
+            pipe(prompts[start:start + batch], batch_size=batch, seed=seed, output_type="latent", **settings)
+            return timers, time.perf_counter() - t0
+        finally:
+            timers.close()
+
+    call(0, 0)[0].bare_s(device, passes=2)  # warm-up, untimed
+    out = []
+    for start in range(0, len(prompts), batch):
+        timers, seconds = call(start, start)
+        out.append((timers, seconds, timers.bare_s(device)))
+    return out
 
 
 def main(argv=None) -> int:
@@ -143,7 +198,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", help="pipeline folder or shipped name (default: the shipped shapes model)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=["ar", "sjd"])
-    parser.add_argument("--images", type=int, default=8, help="images per mode and batch size")
+    parser.add_argument("--images", type=int, default=8,
+                        help="images per mode and batch size (rounded up to whole calls of the batch size)")
     add_device_option(parser)
     args = parser.parse_args(argv)
     folder = shipped_or_path(args.model) if args.model else default_model()[0]
@@ -152,27 +208,22 @@ def main(argv=None) -> int:
     pipe.set_progress_bar_config(disable=True)
     print(f"{folder}: {machine_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| batch | mode | s/image | forwards/image | prefill ms/image | step ms | forward ms | step / forward "
-          "| bare forward ms | step / bare forward |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| bare forward ms | step / bare forward | per call: median (range) |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for batch in args.batch_sizes:
-        images = max(args.images, batch)
+        images = -(-args.images // batch) * batch  # whole calls only: a smaller last call would measure its tables
         prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(images)]
         for mode in [m + suffix for m in args.modes for suffix in ("", "+compiled")]:
-            settings = type(pipe).bench_mode(mode)
-            pipe(prompts[:batch], batch_size=batch, seed=0, output_type="latent", **settings)  # warm-up, untimed
-            timers = Timers(pipe, device)
-            try:
-                t0 = time.perf_counter()
-                for s in range(0, images, batch):
-                    pipe(prompts[s:s + batch], batch_size=batch, seed=s, output_type="latent", **settings)
-                seconds = time.perf_counter() - t0
-            finally:
-                timers.close()
-            steps, bare = timers.forwards, timers.bare_s(device)
+            calls = timed_calls(pipe, prompts, batch, type(pipe).bench_mode(mode), device)
+            seconds, bare = (sum(c[i] for c in calls) for i in (1, 2))
+            step_s, prefill_s, forward_s, steps = (sum(getattr(c[0], name) for c in calls)
+                                                   for name in ("step_s", "prefill_s", "forward_s", "forwards"))
+            ratios = [timers.step_s / bare_s for timers, _, bare_s in calls]
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else "-"
             print(f"| {batch} | {mode} | {seconds / images:.3f} | {steps * batch / images:.1f} | "
-                  f"{timers.prefill_s / images * 1e3:.1f} | {timers.step_s / steps * 1e3:.2f} | "
-                  f"{timers.forward_s / steps * 1e3:.2f} | {timers.step_s / timers.forward_s:.2f} | "
-                  f"{bare / steps * 1e3:.2f} | {timers.step_s / bare:.2f} |", flush=True)
+                  f"{prefill_s / images * 1e3:.1f} | {step_s / steps * 1e3:.2f} | {forward_s / steps * 1e3:.2f} | "
+                  f"{step_s / forward_s:.2f} | {bare / steps * 1e3:.2f} | {step_s / bare:.2f} | "
+                  f"**{statistics.median(ratios):.2f}** ({spread}) |", flush=True)
     return 0
 
 
