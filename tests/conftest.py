@@ -3,6 +3,7 @@
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -15,6 +16,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one torch
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(ROOT))  # app.py and benchmarks/ are scripts at the top, not installed
+
+
+def assert_guards_checked_once_a_decode(prefill, step, head: torch.nn.Module) -> None:
+    """A compiled step's guard contract (``StepCompiler.recheck``): after ``prefill()``, the first
+    ``step(position)`` checks torch's guards and the next two skip them; with ``head``'s weight
+    swapped for a column-major copy (the same values: no bucket key names a layout), the first step
+    after the next prefill fails with the error that names the bucket instead of running."""
+    skipped, set_stance = [], torch.compiler.set_stance
+    prefill()
+    with mock.patch.object(torch.compiler, "set_stance",
+                           side_effect=lambda *a, **kw: skipped.append(kw["skip_guard_eval_unsafe"]) or set_stance(*a, **kw)):
+        for position in range(3):
+            step(position)
+    assert skipped == [False, True, True]
+    weight = head.weight
+    try:
+        head.weight = torch.nn.Parameter(weight.t().contiguous().t())
+        prefill()
+        with pytest.raises(RuntimeError, match="wanted to recompile"):
+            step(0)
+    finally:
+        head.weight = weight
 
 
 def tiny_llamagen(seed=0, vocab_size=4, block_size=4, dim=32, n_layer=2, n_head=2, model_type="c2i",

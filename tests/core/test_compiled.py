@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 import torch
 
-from conftest import tiny_llamagen
+from conftest import assert_guards_checked_once_a_decode, tiny_llamagen
 from visualspec.core.compiled import CPP_WRAPPER, StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
 from visualspec.core.engine import Requests, decode, precompile_decode, step_sampler
 from visualspec.core.sampling import SamplingConfig
@@ -275,21 +275,8 @@ def test_guards_are_checked_once_a_decode_then_skipped(compiled_pair):
     _, compiled = compiled_pair
     prefix, tokens = _prefix(compiled), torch.zeros(3, 1, dtype=torch.long)
     compiled.precompile(prefix, 16, [1])
-    compiled.prefill(prefix, 16)
-    skipped, set_stance = [], torch.compiler.set_stance
-    with mock.patch.object(torch.compiler, "set_stance",
-                           side_effect=lambda *a, **kw: skipped.append(kw["skip_guard_eval_unsafe"]) or set_stance(*a, **kw)):
-        for position in range(3):
-            compiled.forward_window(tokens, position)
-    assert skipped == [False, True, True]
-    weight = compiled.output.weight
-    try:
-        compiled.output.weight = torch.nn.Parameter(weight.t().contiguous().t())  # same values, column-major
-        compiled.prefill(prefix, 16)
-        with pytest.raises(RuntimeError, match="wanted to recompile"):
-            compiled.forward_window(tokens, 0)
-    finally:
-        compiled.output.weight = weight
+    assert_guards_checked_once_a_decode(lambda: compiled.prefill(prefix, 16),
+                                        lambda position: compiled.forward_window(tokens, position), compiled.output)
 
 
 @torch.no_grad()

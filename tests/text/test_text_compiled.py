@@ -1,12 +1,10 @@
 """The static cache and compiled step of transformers models (#48): the rules that shape it, the
 same tokens as the eager step, every window bucket compiled before a decode and never in it."""
 
-from unittest import mock
-
 import pytest
 import torch
 
-from conftest import TEXT_PROMPTS, tiny_hf
+from conftest import TEXT_PROMPTS, assert_guards_checked_once_a_decode, tiny_hf
 from visualspec.models.hf import HFCausalLM, static_length, visible, window_bucket
 from visualspec.text import generate_text
 
@@ -123,22 +121,8 @@ def test_guards_are_checked_once_a_decode_then_skipped(compiled_pair):
     lm.compile_step()
     prefix, tokens = torch.randint(2, 64, (1, 3), generator=torch.Generator().manual_seed(0)), torch.zeros(1, 1, dtype=torch.long)
     lm.precompile(prefix, 8, [1])
-    lm.prefill(prefix, 8)
-    skipped, set_stance = [], torch.compiler.set_stance
-    with mock.patch.object(torch.compiler, "set_stance",
-                           side_effect=lambda *a, **kw: skipped.append(kw["skip_guard_eval_unsafe"]) or set_stance(*a, **kw)):
-        for position in range(3):
-            lm.forward_window(tokens, position)
-    assert skipped == [False, True, True]
-    head = model.get_output_embeddings()
-    weight = head.weight
-    try:
-        head.weight = torch.nn.Parameter(weight.t().contiguous().t())  # same values, column-major
-        lm.prefill(prefix, 8)
-        with pytest.raises(RuntimeError, match="wanted to recompile"):
-            lm.forward_window(tokens, 0)
-    finally:
-        head.weight = weight
+    assert_guards_checked_once_a_decode(lambda: lm.prefill(prefix, 8), lambda position: lm.forward_window(tokens, position),
+                                        model.get_output_embeddings())
 
 
 def test_compile_auto_follows_the_costs_a_compiled_call_stored(tokenizer, tmp_path, monkeypatch, capfd):
