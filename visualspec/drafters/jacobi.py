@@ -39,6 +39,19 @@ def repeated_tokens(tokens: torch.Tensor, pos: torch.Tensor, carried: torch.Tens
     return values.gather(1, pointer.gather(1, pos))
 
 
+def fresh_drafts(init: str, init_vocab: tuple[int, int], grid_width: int | None, u: torch.Tensor | None,
+                 tokens: torch.Tensor, n: torch.Tensor, k: int, at: tuple | None = None) -> torch.Tensor:
+    """The initialisation's drafts (B, k) at each row's positions n..n+k-1: ``random`` token ids in
+    ``init_vocab`` at the uniforms ``u`` (:func:`random_tokens`), or ``repeat_left`` /
+    ``repeat_above`` copies of the committed ``tokens`` (B, N) (:func:`repeated_tokens`), where the
+    positions the carry holds (``at``, :func:`carried_at`; None: it holds none) keep their token."""
+    if init == "random":
+        return random_tokens(u, *init_vocab).to(tokens.dtype)
+    pos = n[:, None] + torch.arange(k, device=n.device)
+    has, from_carry = at[:2] if at is not None else (torch.zeros_like(pos, dtype=torch.bool), tokens.new_zeros(pos.shape))
+    return repeated_tokens(tokens, pos, has, from_carry, init, grid_width)
+
+
 def carried_at(carry: tuple, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What a Jacobi carry (:func:`carry_after`: tokens (B, C), laws (B, C, V), counts (B,)) holds
     at the next ``k`` positions of each row: ``(has (B, k) bool: j < count, tokens (B, k), laws
@@ -105,12 +118,7 @@ class JacobiStep:
         arguments of the step."""
         k = tokens.shape[1] - 1
         at = carried_at((carried, carried_probs, count), k)
-        if self.init == "random":
-            fresh = random_tokens(u_init, *self.init_vocab)
-        else:
-            fresh = repeated_tokens(seq, n[:, None] + torch.arange(k, device=n.device), *at[:2], self.init,
-                                    self.grid_width)
-        drafts, q = jacobi_drafts(at, fresh)
+        drafts, q = jacobi_drafts(at, fresh_drafts(self.init, self.init_vocab, self.grid_width, u_init, seq, n, k, at))
         last = seq.gather(1, (n - 1).clamp(min=0)[:, None])  # padded rows have n = 0
         width = max(carried.shape[1], k + 1)  # a longer window (run eagerly) widens the carry
         return torch.cat([last, drafts], 1), (partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw)
@@ -203,13 +211,9 @@ class JacobiDrafter(Drafter):
     def propose(self, tokens, n, k, generator=None):
         B, device = tokens.shape[0], tokens.device
         n = per_row(n, B, device)
-        fresh = random_tokens(uniform((B, k), generator, device=device), *self.init_vocab).to(tokens.dtype) \
-            if self.init == "random" else None  # k draws per row, whatever it carries
+        u = uniform((B, k), generator, device=device) if self.init == "random" else None  # k draws, whatever it carries
         at = carried_at(self.carry, k) if self.carry is not None else None
-        if fresh is None:
-            nothing = (torch.zeros(B, k, dtype=torch.bool, device=device), tokens.new_zeros(B, k))
-            fresh = repeated_tokens(tokens, n[:, None] + torch.arange(k, device=device), *(at[:2] if at else nothing),
-                                    self.init, self.grid_width)
+        fresh = fresh_drafts(self.init, self.init_vocab, self.grid_width, u, tokens, n, k, at)
         drafts, q = jacobi_drafts(at, fresh) if at is not None else (fresh, None)  # none carried: point masses
         self.proposed = (drafts, q)
         return drafts, q
