@@ -3,6 +3,7 @@
     python benchmarks/browser_fps.py --sessions 1,3 --seconds 10
     python benchmarks/browser_fps.py --sessions 3 --speculate 1,2,3,4
     python benchmarks/browser_fps.py --sessions 1,3 --compile off,on
+    python benchmarks/browser_fps.py --sessions 3 --dtype float32,bfloat16
 
 Starts the app (``app.py``) on a free local port, opens ``sessions`` pages in headless Chromium
 (Playwright; each page has its own browser context, hence its own world), presses Play and holds
@@ -33,7 +34,7 @@ def open_video_tab(page, url: str, timeout_ms: int = 60_000) -> None:
 
 
 def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, world=None, seed: int = 0,
-                          threads: int = 1, speculate: int = 4, compiled: bool = False) -> dict:
+                          threads: int = 1, speculate: int = 4, compiled: bool = False, dtype: str = "auto") -> dict:
     import random
 
     import torch
@@ -44,7 +45,7 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
     chromium = find_chromium()
     if chromium is None:
         raise SystemExit("no Chromium found (Debian: apt-get install chromium)")
-    world_pipe = app.load_world(world)
+    world_pipe = app.load_world(world, dtype)
     if world_pipe is None:
         raise SystemExit("no world model found (assets/arena-nfd or --world)")
     torch.set_num_threads(threads)  # as `python app.py` does by default
@@ -77,7 +78,24 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
             time.sleep(1.0)
         browser.close()
     return {"seconds": seconds, "torch_threads": threads, "speculate": speculate, "compiled": compiled,
-            "results": results}
+            "dtype": str(world_pipe.transformer.dtype).removeprefix("torch."), "results": results}
+
+
+def one_process(args, dtype: str, speculate: str, compile: str) -> dict:
+    """One setting's run, in a new process with the other options as given."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        command = [sys.executable, __file__, "--sessions", args.sessions, "--seconds", str(args.seconds),
+                   "--threads", str(args.threads), "--speculate", speculate, "--compile", compile, "--dtype", dtype,
+                   "--json", str(out)]
+        for option in ("model", "world"):
+            if getattr(args, option):
+                command += [f"--{option}", getattr(args, option)]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())
 
 
 def main(argv=None):
@@ -89,12 +107,18 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="torch threads per frame generation (the app's default)")
     parser.add_argument("--speculate", default="4", help="comma-separated: frames the app speculates ahead, one run each")
     parser.add_argument("--compile", default="on", help="comma-separated: on (the app's default), off; one run each")
+    parser.add_argument("--dtype", default="auto", help="comma-separated: the world's float type (auto, the app's "
+                                                       "default; float32; bfloat16); one run each")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    runs = [run_browser_benchmark([int(n) for n in args.sessions.split(",")], args.seconds, args.model, args.world,
-                                  threads=args.threads, speculate=int(k), compiled=c == "on")
-            for k in args.speculate.split(",") for c in args.compile.split(",")]
-    result = runs[0] if len(runs) == 1 else runs
+    settings = [(d, k, c) for d in args.dtype.split(",") for k in args.speculate.split(",")
+                for c in args.compile.split(",")]
+    if len(settings) == 1:
+        d, k, c = settings[0]
+        result = run_browser_benchmark([int(n) for n in args.sessions.split(",")], args.seconds, args.model,
+                                       args.world, threads=args.threads, speculate=int(k), compiled=c == "on", dtype=d)
+    else:  # each setting in a process of its own: a server's worlds may still step, in its threads, after it
+        result = [one_process(args, d, k, c) for d, k, c in settings]
     text = json.dumps(result, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")

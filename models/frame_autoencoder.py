@@ -71,7 +71,7 @@ class FrameAutoencoder(ModelMixin, ConfigMixin):
         z = latents / self.config.scaling_factor
         if self._compiled and not torch.is_grad_enabled():
             return self._compiler((tuple(z.shape), z.dtype, z.device), dense(z), compile_new=False)
-        return self.decoder(z)
+        return self.decoder(z.contiguous(memory_format=torch.channels_last))
 
     def compile_step(self, enabled: bool = True, mode: str | None = "auto") -> None:
         """Decode through ``torch.compile`` (``enabled=False``: eagerly), for the shapes

@@ -175,6 +175,7 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         self.initialize_weights()
         self._compiler, self._compiled = None, False  # the compiled trunk (compile_step), off by default
         self._precompiling = False
+        self._masks: dict[tuple, torch.Tensor] = {}  # attention masks by (past, frames, device)
 
     def initialize_weights(self):
         for module in self.modules():
@@ -206,6 +207,13 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
         key = torch.arange(past + frames).repeat_interleave(T)[None, :]
         return (key <= query) & (key >= query - self.config.context_frames)
 
+    def _mask(self, past: int, frames: int, device) -> torch.Tensor:
+        """:meth:`attention_mask` on ``device``, built once per shape (a world asks for the same few)."""
+        key = (past, frames, str(device))
+        if key not in self._masks:
+            self._masks[key] = self.attention_mask(past, frames).to(device)
+        return self._masks[key]
+
     def new_cache(self) -> FrameCache:
         return FrameCache(len(self.blocks), self.config.context_frames)
 
@@ -226,8 +234,9 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
             raise ValueError(f"write must be in [0, {Fr}], got {write}")
         past = cache.frames if cache is not None else 0
         start = cache.next_frame if cache is not None else 0
-        x = self.x_embed(latents.permute(0, 1, 3, 4, 2).reshape(B, Fr * T, C))
-        cond = self.t_embed(timestep_embedding(taus, x.shape[-1])) + self.action_embed(actions)  # (B, F, D)
+        dtype = self.x_embed.weight.dtype  # the weights' (float32, or bfloat16 where loaded so)
+        x = self.x_embed(latents.to(dtype).permute(0, 1, 3, 4, 2).reshape(B, Fr * T, C))
+        cond = self.t_embed(timestep_embedding(taus, x.shape[-1]).to(dtype)) + self.action_embed(actions)  # (B, F, D)
 
         # cached keys were rotated when written, so only the new frames need their rotary table
         # (one per row when the rows are different worlds, each at its own frame index)
@@ -236,10 +245,10 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
                            x.shape[-1] // self.config.num_heads, self.config.rope_base)
 
         rope = torch.stack([rotary(s) for s in start]) if isinstance(start, list) else rotary(start)
-        mask = self.attention_mask(past, Fr).to(x.device)
+        mask = self._mask(past, Fr, x.device)
         past_k = tuple(cache.keys) if cache is not None and past else (None,) * len(self.blocks)
         past_v = tuple(cache.values) if cache is not None and past else (None,) * len(self.blocks)
-        args = (x, cond, rope.to(x.device), mask, past_k, past_v)
+        args = (x, cond, rope.to(x.device, dtype), mask, past_k, past_v)
         key = (B, Fr, past, write, x.dtype, x.device)
         if self._compiled and not torch.is_grad_enabled():
             out, keys, values = self._compiler(key, *_dense_args(args), compile_new=self._precompiling)
@@ -251,7 +260,7 @@ class NextFrameDiT(ModelMixin, ConfigMixin):
             cache.frames = min(cache.frames + write, cache.max_frames)
             cache.next_frame = ([f + write for f in cache.next_frame] if isinstance(cache.next_frame, list)
                                 else cache.next_frame + write)
-        return out.view(B, Fr, h, w, C).permute(0, 1, 4, 2, 3)
+        return out.view(B, Fr, h, w, C).permute(0, 1, 4, 2, 3).to(latents.dtype)
 
     def _trunk(self, x, cond, rope, mask, past_k: tuple, past_v: tuple):
         """The blocks and the output layer over tokens x (B, L, D) with per-frame conditions ``cond``

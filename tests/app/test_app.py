@@ -138,10 +138,11 @@ def test_app_binds_to_localhost_by_default(monkeypatch, torch_threads):
     served = {}
     monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate: "the app")
     monkeypatch.setattr(app, "load_pipeline", lambda model: None)
-    monkeypatch.setattr(app, "load_world", lambda folder: None)
+    monkeypatch.setattr(app, "load_world", lambda folder, dtype: None)
     monkeypatch.setattr(uvicorn, "run", lambda application, **kw: served.update(kw, app=application))
     app.main([])
     assert served["host"] == "127.0.0.1" and served["app"] == "the app"
+    assert served["ws_per_message_deflate"] is False  # frames go uncompressed (UVICORN_OPTIONS)
     app.main(["--host", "0.0.0.0", "--port", "9000"])
     assert served["host"] == "0.0.0.0" and served["port"] == 9000
 
@@ -273,13 +274,16 @@ def test_an_app_whose_world_cannot_compile_plays_eagerly_and_says_so(monkeypatch
     calls = []
 
     class World:
+        transformer = argparse.Namespace(dtype=torch.bfloat16)  # what the app reports of a loaded world
+
         def compile_worlds(self, speculate, enabled=True):
             calls.append((speculate, enabled))
             if enabled:
                 raise RuntimeError("the NextFrameDiT step: torch could not compile the step on this machine "
                                    "(OSError: no C++ compiler found); use compile=False")
 
-    monkeypatch.setattr(app, "load_world", lambda folder: World())
+    dtypes = []
+    monkeypatch.setattr(app, "load_world", lambda folder, dtype: dtypes.append(dtype) or World())
     monkeypatch.setattr(app, "load_pipeline", lambda model: None)
     monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate: world)
     parser = argparse.ArgumentParser()
@@ -288,3 +292,4 @@ def test_an_app_whose_world_cannot_compile_plays_eagerly_and_says_so(monkeypatch
     assert calls == [(2, True), (2, False)]
     err = capsys.readouterr().err
     assert "warning: the world plays eagerly" in err and "no C++ compiler found" in err
+    assert dtypes == ["auto"] and "the world model runs in bfloat16 (--dtype auto)" in err  # the app's default

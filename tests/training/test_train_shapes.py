@@ -200,13 +200,13 @@ def test_training_runs_in_bfloat16_only_where_the_hardware_runs_it_fast(monkeypa
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("VISUALSPEC_TRAIN_PRECISION", raising=False)
-    for fast in (True, False):  # an AVX2-only CPU runs bfloat16 products hundreds of times slower
-        monkeypatch.setattr(train, "_bfloat16_is_fast_on_cpu", lambda: fast)
+    for speedup, fast in ((2.4, True), (0.6, True), (0.002, False)):  # AVX2-only CPUs have no bfloat16 kernels
+        monkeypatch.setattr(train, "bfloat16_speedup_on_cpu", lambda: speedup)
         assert train.training_autocast(cpu) == dict(device_type="cpu", dtype=torch.bfloat16, enabled=fast)
     monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "bf16")
     assert train.training_autocast(cpu)["enabled"]
     monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "fp32")
-    monkeypatch.setattr(train, "_bfloat16_is_fast_on_cpu", lambda: True)
+    monkeypatch.setattr(train, "bfloat16_speedup_on_cpu", lambda: 2.4)
     assert not train.training_autocast(cpu)["enabled"]
     monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "half")
     with pytest.raises(ValueError, match="VISUALSPEC_TRAIN_PRECISION"):

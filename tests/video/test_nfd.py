@@ -437,3 +437,25 @@ def test_the_compiled_decoder_gives_the_eager_frames_and_other_batches_stay_eage
     with mock.patch.object(autoencoder._compiler, "compiled", side_effect=AssertionError("compiled while off")):
         with torch.no_grad():
             torch.testing.assert_close(autoencoder.decode(z2), eager2, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bfloat16_world_takes_float32_latents_and_plays_near_the_float32_one(pipe):
+    """Loaded in bfloat16 (``--dtype``), the transformer takes float32 latents and returns float32
+    velocities within bfloat16's rounding of the float32 model's, with its cache in bfloat16; a
+    whole pipeline (autoencoder too) plays in it."""
+    import copy
+
+    model = tiny_dit(context_frames=3)
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    x, taus, acts = torch.randn(2, 5, 4, 4, 4), torch.rand(2, 5), torch.randint(0, 6, (2, 5))
+    with torch.no_grad():
+        full = model(x, taus, acts)
+        cache = half.new_cache()
+        out = torch.cat([half(x[:, :3], taus[:, :3], acts[:, :3], cache=cache, write=3),
+                         half(x[:, 3:], taus[:, 3:], acts[:, 3:], cache=cache, write=0)], dim=1)
+    assert out.dtype == torch.float32 and cache.keys[0].dtype == torch.bfloat16
+    error = ((out - full).norm() / full.norm()).item()
+    assert 0 < error < 0.03  # rounded (not float32 underneath), by about bfloat16's 2**-8 a product
+    world = copy.deepcopy(pipe).to(torch.bfloat16)
+    frames = world(actions=["right"] * 3 + ["up"] * 2, seed=0, speculate=2).frames
+    assert len(frames) == 5 and all(f.dtype == np.uint8 and f.shape == (64, 64, 3) for f in frames)

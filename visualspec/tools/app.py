@@ -33,6 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..assets import ARENA_NFD
 from .loading import load_pipeline, world_model
+from .serve import UVICORN_OPTIONS
 
 WORLD_DIR = ARENA_NFD
 
@@ -360,11 +361,12 @@ def build_app(pipe, world=None, fps: float = 30.0, speculate: int = 4):
     return gr.mount_gradio_app(app, build_demo(pipe, world), path="/", head=ARENA_JS)
 
 
-def load_world(folder):
-    """The video pipeline in ``folder`` (default: the shipped world) as the commands load it
-    (:func:`~visualspec.tools.loading.world_model`), or None where there is no pipeline folder."""
+def load_world(folder, dtype: str = "float32"):
+    """The video pipeline in ``folder`` (default: the shipped world) as the commands load it, in
+    ``dtype`` (:func:`~visualspec.tools.loading.world_model`), or None where there is no pipeline
+    folder."""
     folder = Path(folder) if folder else WORLD_DIR
-    return world_model(str(folder)) if (folder / "model_index.json").is_file() else None
+    return world_model(str(folder), dtype) if (folder / "model_index.json").is_file() else None
 
 
 def app_from_options(args):
@@ -373,9 +375,12 @@ def app_from_options(args):
     import torch
 
     torch.set_num_threads(args.threads)
-    world = load_world(args.world)
+    world = load_world(args.world, args.dtype)
     if args.world and world is None:
         raise ValueError(f"{args.world} is not a pipeline folder (no model_index.json)")
+    if world is not None:
+        print(f"the world model runs in {str(world.transformer.dtype).removeprefix('torch.')} (--dtype {args.dtype})",
+              file=sys.stderr)
     if world is not None and getattr(args, "compile", False):
         try:  # each world's frames 1.2-1.4x faster (docs/benchmarks.md)
             world.compile_worlds(args.speculate)
@@ -390,7 +395,7 @@ def serve_forever(application, host: str, port: int) -> None:
     import uvicorn
 
     print(f"visualspec app on http://{host}:{port}")
-    uvicorn.run(application, host=host, port=port, log_level="warning")
+    uvicorn.run(application, host=host, port=port, log_level="warning", **UVICORN_OPTIONS)
 
 
 def main(argv=None):

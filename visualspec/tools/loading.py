@@ -99,9 +99,12 @@ def load_pipeline(model: str | None, draft_model: str | None = None, quantize: s
     return pipe
 
 
-def world_model(folder: str | None):
-    """The video pipeline: ``folder`` or the shipped arena world."""
+def world_model(folder: str | None, dtype: str = "float32", device: str = "cpu"):
+    """The video pipeline: ``folder`` or the shipped arena world, on ``device`` in the float type
+    ``dtype`` asks for there (:func:`~visualspec.core.precision.resolve_dtype`: "auto" is bfloat16
+    where the machine runs it natively)."""
     from ..assets import ARENA_NFD
+    from ..core.precision import resolve_dtype
     from ..pipelines import NextFramePipeline
 
     if folder is None and not (ARENA_NFD / "model_index.json").is_file():
@@ -111,7 +114,8 @@ def world_model(folder: str | None):
     if not (folder / "model_index.json").is_file():
         raise ValueError(f"no video pipeline in {folder} (train one with `visualspec train-arena --out {folder}`)")
     quiet_loaders()
-    pipe = NextFramePipeline.from_pretrained(folder)
+    torch_dtype = resolve_dtype(dtype, device)  # before loading: an unknown name is an error naming it
+    pipe = NextFramePipeline.from_pretrained(folder, dtype=torch_dtype).to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -11,6 +11,12 @@ from contextlib import contextmanager
 
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 
+#: uvicorn's options for the app, wherever it is served. No per-message deflate on the video tab's
+#: WebSocket: compressing every 16 KB frame took the server's event loop about a tenth of a core with
+#: three players on the 2-core CPU (and each page as much again to inflate it), for
+#: 0.5 MB/s a player saved (docs/experiments/2026-11-29-world-in-bfloat16.md).
+UVICORN_OPTIONS = {"ws_per_message_deflate": False}
+
 
 def find_chromium() -> str | None:
     for name in CHROMIUM_CANDIDATES:
@@ -32,7 +38,8 @@ def serve(application, port: int | None = None):
     import uvicorn
 
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning",
+                                           **UVICORN_OPTIONS))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 60

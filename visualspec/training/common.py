@@ -5,7 +5,6 @@ exponential moving average of weights, and a resumable stage loop with a learnin
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from ..core.precision import bfloat16_speedup_on_cpu
 
 
 def save_checkpoint(path: Path, modules: dict, optimizer, step: int, extra: dict | None = None) -> None:
@@ -84,26 +85,6 @@ def claim_work_dir(work_dir, config: dict) -> Path:
     return work
 
 
-@functools.lru_cache(maxsize=None)
-def _bfloat16_is_fast_on_cpu(size: int = 256, repeats: int = 3) -> bool:
-    """Whether a bfloat16 matrix product runs at least half as fast as a float32 one on this CPU.
-
-    CPUs with bfloat16 instructions (AVX512-BF16, AMX) run it faster; AVX2-only CPUs have no
-    bfloat16 kernels and run it hundreds of times slower (measured on a 2-core AMD EPYC with AVX2:
-    0.28 against 146 GFLOP/s), which would turn a 90-minute training run into weeks.
-    """
-    def best_seconds(dtype):
-        a = torch.randn(size, size).to(dtype)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ a
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    return best_seconds(torch.bfloat16) <= 2 * best_seconds(torch.float32)
-
-
 def training_autocast(device: torch.device) -> dict:
     """``torch.autocast`` arguments for a training forward on ``device``: bfloat16 where the hardware
     runs it fast (a CUDA GPU that supports it, a CPU with bfloat16 instructions), else disabled
@@ -115,7 +96,7 @@ def training_autocast(device: torch.device) -> dict:
         if device.type == "cuda":
             use = torch.cuda.is_bf16_supported()
         else:
-            use = device.type == "cpu" and _bfloat16_is_fast_on_cpu()
+            use = device.type == "cpu" and bfloat16_speedup_on_cpu() >= 0.5  # at least half float32's speed
     else:
         use = forced == "bf16"
     return dict(device_type=device.type, dtype=torch.bfloat16, enabled=use)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .options import count_arg
+from .options import add_dtype_option, count_arg
 
 
 def register(sub, common) -> None:
@@ -23,6 +23,7 @@ def add_options(p) -> None:
     p.add_argument("--threads", type=count_arg, default=1,
                    help="torch threads per frame generation (default 1: each player's world gets a core, "
                         "and the rest stay free for more players and for the browser)")
+    add_dtype_option(p, default="auto")  # 30 FPS for three players (docs/experiments/2026-11-29-world-in-bfloat16.md)
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="keep the world's step eager (by default it is compiled at start-up, announced: about "
                         "a minute the first time on a 2-core CPU, seconds once torch's disk cache holds it)")

@@ -110,6 +110,15 @@ def add_device_option(p) -> None:
                                                   "available, else cpu)")
 
 
+def add_dtype_option(p, default: str = "float32") -> None:
+    """``--dtype``: a world model's float type (:func:`~visualspec.core.precision.resolve_dtype`)."""
+    from ...core.precision import DTYPES
+
+    p.add_argument("--dtype", choices=DTYPES, default=default,
+                   help=f"the world model's float type (default {default}; auto: bfloat16 where this machine "
+                        f"runs it natively)")
+
+
 def add_image_options(p, decoding: bool = True) -> None:
     """The options every image command shares: model, draft model, seed, and the call options."""
     p.add_argument("--model", help="pipeline folder or shipped model name (default: the shipped model)")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..loading import device_name, world_model
-from .options import add_device_option, count_arg
+from .options import add_device_option, add_dtype_option, count_arg
 
 
 def register(sub, common) -> None:
@@ -22,6 +22,7 @@ def register(sub, common) -> None:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--stats", action="store_true", help="print the statistics instead of the file name")
     v.add_argument("-o", "--output", default="play.mp4")
+    add_dtype_option(v)
     add_device_option(v)
     v.set_defaults(func=run_video)
 
@@ -39,6 +40,7 @@ def register(sub, common) -> None:
                     help="instead: this many worlds stepped together in batched forwards against one after "
                          "another, at speculate 1 and 4")
     bv.add_argument("--json", help="write the results here")
+    add_dtype_option(bv)
     add_device_option(bv)
     bv.set_defaults(func=run_bench_video)
 
@@ -52,7 +54,7 @@ def run_video(args) -> int:
         raise ValueError(f"-o {args.output!r}: export to .mp4 or .gif")
     actions = action_script(args.actions, args.frames) if args.actions else None
     device = device_name(args.device)
-    pipe = world_model(args.model).to(device)
+    pipe = world_model(args.model, args.dtype, device)
     pipe.set_progress_bar_config(disable=False, desc="video frames")
     out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
                speculate=args.speculate, use_teacher=args.teacher)
@@ -99,7 +101,7 @@ def run_bench_video(args) -> int:
     if args.json:
         check_output_file(args.json, "--json")
     device = device_name(args.device)
-    pipe = world_model(args.model).to(device)
+    pipe = world_model(args.model, args.dtype, device)
     if args.players:
         from ..bench import run_players_benchmark
 
