@@ -66,9 +66,10 @@ class FrameAutoencoder(ModelMixin, ConfigMixin):
         return self.encoder(frames) * self.config.scaling_factor
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Scaled latents -> frames in [-1, 1] (not clamped); through the compiled decoder for the
-        shapes :meth:`precompile` compiled, while :meth:`compile_step` is on."""
-        z = latents / self.config.scaling_factor
+        """Scaled latents (any float type) -> frames in [-1, 1] (not clamped) in the weights' type;
+        through the compiled decoder for the shapes :meth:`precompile` compiled, while
+        :meth:`compile_step` is on."""
+        z = latents.to(self.decoder[0].weight.dtype) / self.config.scaling_factor  # not self.dtype: it walks every module
         if self._compiled and not torch.is_grad_enabled():
             return self._compiler((tuple(z.shape), z.dtype, z.device), dense(z), compile_new=False)
         return self.decoder(z.contiguous(memory_format=torch.channels_last))

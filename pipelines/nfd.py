@@ -97,7 +97,7 @@ class NextFramePipeline(VisualSpecPipeline):
     @torch.no_grad()
     def decode_latents(self, latents: torch.Tensor) -> list[np.ndarray]:
         """Latents (N, C, 8, 8) -> list of N uint8 (64, 64, 3) frames."""
-        x = self.autoencoder.decode(latents.to(self.autoencoder.dtype))
+        x = self.autoencoder.decode(latents)
         x = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
         return list(x)
 
