@@ -12,9 +12,9 @@ from contextlib import contextmanager
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 
 #: uvicorn's options for the app, wherever it is served. No per-message deflate on the video tab's
-#: WebSocket: compressing every 16 KB frame took the server's event loop about a tenth of a core with
-#: three players on the 2-core CPU (and each page as much again to inflate it), for
-#: 0.5 MB/s a player saved (docs/experiments/2026-11-29-world-in-bfloat16.md).
+#: WebSocket: compressing every 16 KB frame took the server's event loop about a twelfth of a core
+#: with three players on the 2-core CPU, and each page then inflated it; uncompressed, a player's
+#: frames are 0.5 MB/s (docs/experiments/2026-11-29-world-in-bfloat16.md).
 UVICORN_OPTIONS = {"ws_per_message_deflate": False}
 
 
