@@ -260,7 +260,6 @@ ARENA_JS = """
     const now = performance.now();
     shown.push(now); total += 1;
     while (shown.length && now - shown[0] > 1000) shown.shift();
-    $("arena-frames").textContent = total;
   }
   function play() {
     if (ws) return;
@@ -278,7 +277,13 @@ ARENA_JS = """
     $("arena-canvas").focus();
   }
   function stop() { if (ws) ws.close(); }
-  setInterval(() => { const el = $("arena-fps"); if (el && ws) el.textContent = shown.length; }, 250);
+  // the counters change four times a second, not with every frame: a text change makes the page lay out again
+  setInterval(() => {
+    if (!ws) return;
+    const fps = $("arena-fps"), frames = $("arena-frames");
+    if (fps) fps.textContent = shown.length;
+    if (frames) frames.textContent = total;
+  }, 250);
   document.addEventListener("keydown", (e) => {
     if (!ws || !(e.key in KEYS)) return;
     e.preventDefault(); if (held !== KEYS[e.key]) send(KEYS[e.key]);
