@@ -18,17 +18,19 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 @functools.lru_cache(maxsize=None)
-def bfloat16_speedup_on_cpu(size: int = 256, repeats: int = 3) -> float:
+def bfloat16_speedup_on_cpu(size: int = 256, repeats: int = 5) -> float:
     """A float32 (size x size) matrix product's best time over a bfloat16 one's, on this CPU.
 
     ``t_float32 / t_bfloat16``: above 1 on CPUs with bfloat16 instructions (AMX: 2.4 for 256 on the
     project's Xeon, one thread), far below on AVX2-only CPUs, which have no bfloat16 kernels (0.002
-    on a 2-core AMD EPYC: 0.28 against 146 GFLOP/s). Measured once a process.
+    on a 2-core AMD EPYC: 0.28 against 146 GFLOP/s). Measured once a process, after an untimed
+    product of each type.
     """
     import torch
 
     def best_seconds(dtype):
         a = torch.randn(size, size).to(dtype)
+        a @ a  # untimed: a first product sets up its kernel (oneDNN's, for bfloat16)
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
