@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from visualspec.core.precision import dtype_name  # noqa: E402
 from visualspec.tools import app  # noqa: E402
 from visualspec.tools.serve import find_chromium, serve  # noqa: E402
 
@@ -78,7 +79,7 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
             time.sleep(1.0)
         browser.close()
     return {"seconds": seconds, "torch_threads": threads, "speculate": speculate, "compiled": compiled,
-            "dtype": str(world_pipe.transformer.dtype).removeprefix("torch."), "results": results}
+            "dtype": dtype_name(world_pipe.transformer.dtype), "results": results}
 
 
 def one_process(args, dtype: str, speculate: str, compile: str) -> dict:

@@ -55,3 +55,8 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu", fast: float = 1
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if device.type == "cpu" and bfloat16_speedup_on_cpu() >= fast else torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The option name of a float type (``torch.bfloat16`` -> ``"bfloat16"``), as :data:`DTYPES` spells it."""
+    return str(dtype).removeprefix("torch.")

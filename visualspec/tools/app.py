@@ -32,6 +32,7 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..assets import ARENA_NFD
+from ..core.precision import dtype_name
 from .loading import load_pipeline, world_model
 from .serve import UVICORN_OPTIONS
 
@@ -384,8 +385,7 @@ def app_from_options(args):
     if args.world and world is None:
         raise ValueError(f"{args.world} is not a pipeline folder (no model_index.json)")
     if world is not None:
-        print(f"the world model runs in {str(world.transformer.dtype).removeprefix('torch.')} (--dtype {args.dtype})",
-              file=sys.stderr)
+        print(f"the world model runs in {dtype_name(world.transformer.dtype)} (--dtype {args.dtype})", file=sys.stderr)
     if world is not None and getattr(args, "compile", False):
         try:  # each world's frames 1.2-1.4x faster (docs/benchmarks.md)
             world.compile_worlds(args.speculate)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ...core.precision import DTYPES  # no torch: the command line starts without it
+
 # must match visualspec.drafters.INIT_SCHEMES (tests/tools/test_cli.py checks), so parsing needs no torch
 JACOBI_INITS = ("random", "repeat_left", "repeat_above")
 # must match visualspec.models.quantized.QUANTIZE_SCHEMES (tests/tools/test_cli.py checks)
@@ -112,8 +114,6 @@ def add_device_option(p) -> None:
 
 def add_dtype_option(p, default: str = "float32") -> None:
     """``--dtype``: a world model's float type (:func:`~visualspec.core.precision.resolve_dtype`)."""
-    from ...core.precision import DTYPES
-
     p.add_argument("--dtype", choices=DTYPES, default=default,
                    help=f"the world model's float type (default {default}; auto: bfloat16 where this machine "
                         f"runs it natively)")
