@@ -221,25 +221,44 @@ class HFCausalLM:
         self.column_position = torch.cat([self.column_position, positions], 1)
         self.column_valid = torch.cat([self.column_valid, torch.ones_like(positions, dtype=torch.bool)], 1)
 
-    def forward_window(self, tokens: torch.Tensor, start, features: bool = False):
+    #: whether :meth:`forward_window` takes ``post`` (the engine's sampling and rule, or a drafter's
+    #: whole step, run inside the step). Not for text: its drafters may stop early, so its windows
+    #: take every length up to the longest, and ``post``'s arguments have the window's own length,
+    #: where a window without it runs in a power-of-two bucket (:func:`window_bucket`): a graph per
+    #: length would multiply its graphs. Image layouts (:class:`~visualspec.models.unified_ar.
+    #: UnifiedImageLM`) take it: their windows are the powers of two the window search tries.
+    takes_post = False
+
+    def forward_window(self, tokens: torch.Tensor, start, features: bool = False, post=None, post_args=(),
+                       compile_new: bool = False):
         """Tokens (B, L), row b at generated positions start[b].. (an int or (B,) tensor). The
         window attends to each row's valid columns and causally to itself. Returns logits (B, L, V),
-        and with ``features`` ``(logits, features (B, L, D))``: the last hidden states the head read."""
+        and with ``features`` ``(logits, features (B, L, D))``: the last hidden states the head read.
+
+        ``post(logits, *post_args)``, if given (where :attr:`takes_post`), runs on the logits inside
+        the step, in its compiled graph where the step is compiled, and its result is returned in
+        their place (the engine's :class:`~visualspec.core.sampling.StepSampler`, or a drafter's
+        whole step, whose ``window`` makes the window from ``post_args``: ``tokens`` give its
+        shape); ``post_args`` hold one row per row. ``post`` must be hashable: each distinct one
+        gets its own graphs, one per window length (no bucket), compiled by :meth:`precompile`
+        (``compile_new``: now) and never mid-decode."""
         B, L = tokens.shape
         self._last_window = L
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         positions = start[:, None] + torch.arange(L, device=tokens.device)
         if self.static:
-            out = self._static_window(tokens, self.first_position + positions, features)
+            out = self._static_window(tokens, self.first_position + positions, features, post, post_args, compile_new)
             self._append(positions)
             return out
+        if hasattr(post, "window"):
+            tokens, post_args = post.window(tokens, *post_args)
         mask = None
         if not bool(self.column_valid.all()):  # ragged rows or a padded prefix: say which columns count
             mask = torch.cat([self.column_valid, self.column_valid.new_ones(B, L)], 1).long()
         out = self._logits(features=features, input_ids=tokens, attention_mask=mask,
                            position_ids=self.first_position + positions, past_key_values=self.cache, use_cache=True)
         self._append(positions)
-        return (out[0].float(), out[1]) if features else out.float()
+        return _then(post, post_args, out, features)
 
     def crop(self, lengths) -> None:
         """Keep each row's generated positions < lengths[b]; drop trailing columns no row uses."""
@@ -434,23 +453,27 @@ class HFCausalLM:
         return self._compiled
 
     @torch.no_grad()
-    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False) -> None:
+    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False, post=None) -> None:
         """Compile the bucket of every window length in ``windows`` that a decode of ``prefix`` runs
         (its rows, its cache length; ``features``: the steps that also return features, for a
-        feature drafter), so that none compiles inside the decode or a timed call.
+        feature drafter; ``post``: the steps that run it, one graph per window length, with arguments
+        of the shapes its ``example_args`` gives), so that none compiles inside the decode or a
+        timed call.
         Leaves junk in the cache when it compiles: prefill again before decoding."""
         if not self._compiled:
             raise RuntimeError("precompile() compiles the compiled step: call compile_step() first")
         input_ids = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
         rows, columns = input_ids.shape[0], static_length(input_ids.shape[1] + max_new_tokens + STATIC_SLACK)
-        runs = sorted({window_bucket(w) for w in windows if 1 <= w <= COMPILED_WINDOWS})
+        runs = sorted({w if post is not None else window_bucket(w) for w in windows if 1 <= w <= COMPILED_WINDOWS})
         todo = [run for run in runs
                 if _bucket(rows, run, columns, self._dtype, input_ids.device, self.head_rows is not None, features)
-                not in self._compiler.compile_s]
+                + (() if post is None else (post,)) not in self._compiler.compile_s]
         if todo:
             self.prefill(prefix, max_new_tokens)
         for run in todo:
-            self.forward_window(torch.zeros(rows, run, dtype=torch.long, device=input_ids.device), 0, features=features)
+            args = () if post is None else post.example_args(rows, run, self.vocab_size, input_ids.device)
+            self.forward_window(torch.zeros(rows, run, dtype=torch.long, device=input_ids.device), 0, features=features,
+                                post=post, post_args=args, compile_new=True)
             self.crop(0)
 
     @torch.no_grad()
@@ -471,12 +494,15 @@ class HFCausalLM:
         self.forward_tree(torch.zeros(rows, nodes, dtype=torch.long, device=device), torch.arange(nodes, device=device),
                           chain, 0, features=features, compile_new=True)
 
-    def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor, features: bool = False):
+    def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor, features: bool = False, post=None,
+                       post_args=(), compile_new: bool = False):
         """A window forward on the static cache: (B, L) tokens at position ids ``positions``,
         compiled in its :func:`window_bucket` when the step is compiled (the padding tokens sit
-        after the window, where nothing real attends them; their columns are given back)."""
+        after the window, where nothing real attends them; their columns are given back), and
+        ``post`` on its logits (:meth:`forward_window`: a window with ``post`` runs at its own
+        length, in a graph compiled before the decode, else eagerly)."""
         B, L = tokens.shape
-        run = window_bucket(L) if self._compiled and L <= COMPILED_WINDOWS else L
+        run = window_bucket(L) if self._compiled and L <= COMPILED_WINDOWS and post is None else L
         if run > L:
             extra = torch.arange(1, run - L + 1, device=tokens.device)
             tokens = torch.cat([tokens, tokens.new_zeros(B, run - L)], 1)
@@ -484,10 +510,15 @@ class HFCausalLM:
         valid = self._static_mask_columns(L, room=run)
         start = torch.tensor(self.column_valid.shape[1], device=tokens.device)
         key = _bucket(B, run, valid.shape[1], self._dtype, tokens.device, self.head_rows is not None, features)
-        if self._compiled and run <= COMPILED_WINDOWS and (B == self._prefill_rows or key in self._compiler.compile_s):
-            out = self._compiler(key, self, dense(tokens), dense(positions), valid, start, features)
-        else:  # rows that finished left the batch: the rest runs eagerly rather than compile mid-decode
-            out = _window_forward(self, tokens, positions, valid, start, features)
+        key += () if post is None else (post,)
+        args = (valid, start, features, post, *post_args)
+        if self._compiled and run <= COMPILED_WINDOWS and (key in self._compiler.compile_s or compile_new
+                                                          or B == self._prefill_rows and post is None):
+            out = self._compiler(key, self, dense(tokens), dense(positions), *args)
+        else:  # rows that finished left the batch (or a window no graph was compiled for): the rest runs
+            out = _window_forward(self, tokens, positions, *args)  # eagerly rather than compile mid-decode
+        if post is not None:
+            return out
         logits, states = out if features else (out, None)
         if run > L:
             self.cache.crop(L - run)
@@ -546,13 +577,25 @@ class HFCausalLM:
 
 
 
-def _window_forward(lm: HFCausalLM, tokens, positions, valid, start, features: bool = False):
+def _window_forward(lm: HFCausalLM, tokens, positions, valid, start, features: bool = False, post=None, *post_args):
     """``lm``'s forward of a window fed at cache columns ``start ..`` (a 0-d tensor), position ids
     ``positions`` (B, L), attending the columns ``valid`` (B, M) causally (:func:`visible`); with
-    ``features``, the logits and the last hidden states."""
+    ``features``, the logits and the last hidden states. With ``post``, its result on the logits in
+    their place (a ``post`` with a ``window`` makes the window first: :meth:`HFCausalLM.forward_window`)."""
+    if hasattr(post, "window"):
+        tokens, post_args = post.window(tokens, *post_args)
     mask = additive_mask(visible(valid, start, tokens.shape[1]), lm._dtype)
-    return lm._logits(features=features, input_ids=tokens, attention_mask=mask, position_ids=positions,
-                      past_key_values=lm.cache, use_cache=True)
+    out = lm._logits(features=features, input_ids=tokens, attention_mask=mask, position_ids=positions,
+                     past_key_values=lm.cache, use_cache=True)
+    return out if post is None else _then(post, post_args, out, features)
+
+
+def _then(post, post_args, out, features: bool):
+    """A window's output ``out`` (logits, or with ``features`` ``(logits, states)``) with its logits
+    in float32, or ``post(logits, *post_args)`` in their place."""
+    logits, states = out if features else (out, None)
+    logits = logits.float() if post is None else post(logits, *post_args)
+    return (logits, states) if features else logits
 
 
 def _masked_forward(lm: HFCausalLM, tokens, positions, mask, features: bool = False):
@@ -571,4 +614,6 @@ def _bucket(rows, window, columns, dtype, device, trimmed, features=False) -> tu
 def _describe_bucket(key) -> str:
     rows, window, columns, *_ = key  # a tree's bucket holds minus its node count
     shape = f"window {window}" if window > 0 else f"a tree of {-window} nodes"
-    return f"{rows} rows, {shape}, a {columns}-column cache"
+    post = key[8] if len(key) > 8 else None  # a window's key ends with the post it runs, if any
+    then = "" if post is None else f", with its {getattr(post, 'label', 'post-processing')}"
+    return f"{rows} rows, {shape}, a {columns}-column cache{then}"

@@ -134,7 +134,11 @@ GUIDANCE_SCHEDULES = ("constant", "lumina2")
 class UnifiedImageLM(HFCausalLM):
     """A transformers unified-vocabulary model as a token model: the LM head's raw logits (image
     tokens included), a prefix of token ids and an attention mask (left padding, so the
-    conditional prompt and the unconditional one of classifier-free guidance share a batch)."""
+    conditional prompt and the unconditional one of classifier-free guidance share a batch).
+    Its window forward takes the engine's ``post`` (:meth:`HFCausalLM.forward_window`), so that a
+    compiled step samples, verifies and (SJD) drafts and commits inside its graph."""
+
+    takes_post = True
 
     def __init__(self, model):
         super().__init__(model, raw_head=True)

@@ -18,7 +18,7 @@ import warnings
 import torch
 
 from ..core.compiled import compiled_step
-from ..core.engine import Requests, decode
+from ..core.engine import Requests, decode, precompile_decode
 from ..core.sampling import SamplingConfig, make_generator
 from ..core.window import WINDOWS
 from ..models.llamagen_vq import nearest_codes
@@ -252,9 +252,11 @@ class UnifiedARPipeline(TokenImagePipeline):
                                  slots)
         window = 1 if drafter is None else window  # AR has no window to choose
         auto = window == "auto"
-        if compiled:  # every window the decode (and its window search) can step with, before timing them
-            target.precompile(prefix_of(range(slots)), layout.num_tokens,
-                              [w for w in WINDOWS if w <= layout.num_tokens] if auto else window_lengths(window))
+        if compiled:  # every step the decode (and its window search) can take, before timing them
+            precompile_decode(target, prefix_of(range(slots)), layout.num_tokens, sampling,
+                              [w for w in WINDOWS if w <= layout.num_tokens] if auto else window_lengths(window),
+                              drafts=drafter is not None, rule=rule, auto=auto, drafter=drafter,
+                              constraints=constraints)
         if auto:  # whole decode steps, drafts and rule included (as_ar where none beats plain AR)
             window = self.auto_window(target, prefix_of(range(slots)), layout.num_tokens, sampling, drafter, rule,
                                       constraints)

@@ -6,10 +6,11 @@ import torch
 from conftest import tiny_hf, tiny_llamagen
 from visualspec.drafters import DraftModelDrafter, JacobiDrafter
 from visualspec.drafters.jacobi import FUSED_WIDTH
+from visualspec.core.constraints import TokenConstraints
 from visualspec.core.engine import decode
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.sampling import SamplingConfig
-from visualspec.core.verify import greedy_verify, speculative_verify
+from visualspec.core.verify import default_rule, greedy_verify, speculative_verify
 
 GREEDY = SamplingConfig(temperature=0)
 
@@ -101,6 +102,29 @@ def test_a_fused_step_widens_the_jacobi_carry_without_changing_the_drafts():
     assert carried.shape == (2, FUSED_WIDTH) and laws.shape == (2, FUSED_WIDTH, V) and count.tolist() == [2, 3]
     wide = drafter.propose(tokens, n, 5, torch.Generator().manual_seed(1))
     assert torch.equal(wide[0], narrow[0]) and torch.equal(wide[1], narrow[1])
+
+
+def test_a_fused_step_forces_the_constraints_drafts_as_the_engine_does():
+    """Under constraints a fused Jacobi step makes the window the unfused step makes: the drafter's
+    proposal (random fresh drafts, a carry on one row) with the forced positions' tokens put in at
+    a point-mass law (``TokenConstraints.force_drafts``), from the constraints' tables."""
+    V, N, k, gen = 8, 12, 6, torch.Generator().manual_seed(0)
+    constraints = TokenConstraints(torch.tensor([-1, -1, 7, -1, -1, 7, -1, -1, 7, -1, -1, 6]))
+    drafter = JacobiDrafter(V)
+    drafter.start(2, N, SamplingConfig())
+    drafter.observe(torch.tensor([1, 1]), torch.tensor([1, 0]), torch.softmax(torch.randn(2, 3, V, generator=gen), -1),
+                    gen)
+    tokens, n = torch.randint(0, V, (2, N), generator=gen), torch.tensor([2, 4])
+    state = drafter.step_state(2)
+    drafts, q = drafter.propose(tokens, n, k, torch.Generator().manual_seed(1))
+    drafts, q = constraints.force_drafts(drafts, q, n[:, None] + torch.arange(k), V)
+    step = drafter.fused_step(SamplingConfig(), default_rule(SamplingConfig()), N, constraints=constraints.step)
+    uniforms = step.uniforms(2, k, torch.Generator().manual_seed(1))
+    window, args = step.window(torch.zeros(2, k + 1, dtype=torch.long), torch.arange(2), tokens, n,
+                               torch.zeros(2, N, dtype=torch.long), torch.ones(2, dtype=torch.long), *state, *uniforms,
+                               *constraints.tables(2, V))
+    assert (drafts == 7).sum() >= 3  # the forced positions in the windows hold their token
+    assert torch.equal(window[:, 1:], drafts) and torch.equal(args[6], drafts) and torch.equal(args[7], q)
 
 
 @pytest.mark.parametrize("init", ["random", "repeat_left", "repeat_above"])

@@ -1,12 +1,14 @@
 """Unified-vocabulary image generation on transformers' Chameleon (tiny, built offline): the
 Lumina-mGPT layout, structural tokens forced inside Jacobi windows, greedy SJD against greedy AR,
 and the exact law by chi-square with guidance and with a per-position guidance schedule, each with
-a control that makes the engine ignore what it tests; Lumina-mGPT 2.0's schedule."""
+a control that makes the decode ignore what it tests, both where the constraints apply inside the
+model's step (its ``post``) and where the engine applies them; Lumina-mGPT 2.0's schedule."""
 
 import pytest
 import torch
 
 from visualspec.core import rows as engine
+from visualspec.core.constraints import StepConstraints, scales_at
 from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
@@ -134,20 +136,50 @@ def constrained_fit(model, layout, samples=20000):
     return chi_square_fit(drawn, seqs, probs)
 
 
-def test_sjd_with_structural_tokens_and_guidance_is_lossless():
+@pytest.fixture(params=["in the step", "in the engine"])
+def where(request, monkeypatch):
+    """Where a window's distributions, constraints and rule run: inside the model's step (the
+    adapter takes the engine's ``post``) or in the engine around a model that takes none."""
+    if request.param == "in the engine":
+        monkeypatch.setattr(UnifiedImageLM, "takes_post", False)
+    return request.param
+
+
+def test_sjd_with_structural_tokens_and_guidance_is_lossless(where):
     """Windows of 4 run across the row ends and the end token (3 of 7 positions are structural)."""
     fit = constrained_fit(UnifiedImageLM(tiny_chameleon(seed=2)), small_layout())
     assert fit.passed, fit
 
 
-def test_the_harness_catches_windows_that_forget_the_constraints(monkeypatch):
+def test_the_harness_catches_windows_that_forget_the_constraints(where, monkeypatch):
     """Control: verification inside windows without the constraints (the first token keeps them)
     draws tokens the layout does not allow, and the fit fails."""
-    keep = engine._Run.probs
-    monkeypatch.setattr(engine._Run, "probs", lambda self, logits, positions: (
-        self.sampling.probs(logits) if positions.ndim > 1 else keep(self, logits, positions)))
+    if where == "in the step":
+        monkeypatch.setattr(StepConstraints, "law", lambda self, positions, forced, free, guidance: (
+            None, None if guidance is None else scales_at(guidance, positions)))
+    else:
+        keep = engine._Run.probs
+        monkeypatch.setattr(engine._Run, "probs", lambda self, logits, positions: (
+            self.sampling.probs(logits) if positions.ndim > 1 else keep(self, logits, positions)))
     fit = constrained_fit(UnifiedImageLM(tiny_chameleon(seed=2)), small_layout(), samples=4000)
     assert not fit.passed, fit
+
+
+def test_the_step_and_the_engine_draw_the_same_tokens(monkeypatch):
+    """The constraints, the guidance schedule, the sampling and the rule inside the model's step
+    give the engine's own tokens, for one generator, on a ragged batch (rows accept apart)."""
+    layout, model = small_layout(), UnifiedImageLM(tiny_chameleon(seed=2))
+    constraints = layout.constraints(model.vocab_size, SCHEDULE)
+
+    def run():
+        return decode(model, prefix(layout, 16, True), layout.num_tokens, GUIDED, window=4, constraints=constraints,
+                      drafter=JacobiDrafter(64, "repeat_above", grid_width=layout.row_length),
+                      generator=torch.Generator().manual_seed(5))
+    inside, stats = run()
+    monkeypatch.setattr(UnifiedImageLM, "takes_post", False)
+    outside, _ = run()
+    assert stats.row_forwards.unique().numel() > 1, "every row accepted alike: not a ragged batch"
+    assert torch.equal(inside, outside)
 
 
 def lumina2_by_its_recursion(scale, num_tokens, size_cells):
@@ -186,17 +218,22 @@ def scheduled_fit(layout, samples=20000):
     return chi_square_fit(drawn, seqs, probs)
 
 
-def test_sjd_with_a_guidance_schedule_is_lossless():
+def test_sjd_with_a_guidance_schedule_is_lossless(where):
     """Per-position guidance scales (Lumina-mGPT 2.0's kind) with windows of 4: SJD draws the law
     the schedule defines."""
     fit = scheduled_fit(small_layout())
     assert fit.passed, fit
 
 
-def test_the_harness_catches_a_schedule_the_engine_ignores(monkeypatch):
-    """Control: the engine guiding at the constant scale while the schedule defines the law."""
-    monkeypatch.setattr(engine._Run, "probs", lambda self, logits, positions: self.sampling.probs(
-        logits, self.constraints.allowed_mask(positions, self.target.vocab_size)))
+def test_the_harness_catches_a_schedule_the_engine_ignores(where, monkeypatch):
+    """Control: guiding at the constant scale while the schedule defines the law."""
+    if where == "in the step":
+        keep = StepConstraints.law
+        monkeypatch.setattr(StepConstraints, "law", lambda self, positions, forced, free, guidance: (
+            keep(self, positions, forced, free, guidance)[0], None))
+    else:
+        monkeypatch.setattr(engine._Run, "probs", lambda self, logits, positions: self.sampling.probs(
+            logits, self.constraints.allowed_mask(positions, self.target.vocab_size)))
     fit = scheduled_fit(small_layout(), samples=4000)
     assert not fit.passed, fit
 

@@ -60,38 +60,42 @@ class TokenConstraints:
 
     def at(self, positions: torch.Tensor) -> torch.Tensor:
         """The forced token at each of ``positions`` (any shape; positions past the end count as
-        free filler positions), -1 where the model samples."""
-        inside = positions < self.num_tokens
-        forced = self.forced.to(positions.device)[positions.clamp(0, self.num_tokens - 1)]
-        return torch.where(inside, forced, torch.full_like(forced, -1))
+        free filler positions), -1 where the model samples (:func:`forced_at`)."""
+        return forced_at(self.forced.to(positions.device), positions)
 
     def guidance_at(self, positions: torch.Tensor) -> torch.Tensor | None:
         """(…, 1): the guidance scale at each of ``positions`` (positions past the end take the last
         one), ready to broadcast over the vocabulary; None when the sampling's scale holds."""
-        if self.guidance is None:
-            return None
-        return self.guidance.to(positions.device)[positions.clamp(0, self.num_tokens - 1)][..., None]
+        return None if self.guidance is None else scales_at(self.guidance.to(positions.device), positions)
 
     def allowed_mask(self, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """(…, V) bool: the tokens each of ``positions`` may take (just its token where forced)."""
-        forced = self.at(positions)
-        free = (self.allowed.to(positions.device) if self.allowed is not None
-                else torch.ones(vocab_size, dtype=torch.bool, device=positions.device))
-        point = torch.zeros(*positions.shape, vocab_size, dtype=torch.bool, device=positions.device)
-        point.scatter_(-1, forced.clamp(min=0)[..., None], True)
-        return torch.where((forced >= 0)[..., None], point, free)  # no host read: the same work at every step
+        return allowed_at(self.at(positions), self._free(vocab_size, positions.device))
 
     def force_drafts(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, positions: torch.Tensor,
                      vocab_size: int):
         """Put each forced position's token in ``drafts`` (B, K) at ``positions`` (B, K), with a point
-        mass as its draft law; other drafts are left as they are."""
-        forced = self.at(positions)
-        pinned = forced >= 0
-        drafts = torch.where(pinned, forced, drafts)
-        if draft_probs is not None:
-            one_hot = torch.nn.functional.one_hot(drafts, vocab_size).to(draft_probs.dtype)
-            draft_probs = torch.where(pinned[..., None], one_hot, draft_probs)
-        return drafts, draft_probs
+        mass as its draft law; other drafts are left as they are (:func:`pin_drafts`)."""
+        return pin_drafts(drafts, draft_probs, self.at(positions), vocab_size)
+
+    def _free(self, vocab_size: int, device=None) -> torch.Tensor:
+        """(V,) bool: the tokens a sampled position may take."""
+        return (self.allowed.to(device) if self.allowed is not None
+                else torch.ones(vocab_size, dtype=torch.bool, device=device))
+
+    @property
+    def step(self) -> "StepConstraints":
+        """What a compiled step must know of these constraints (the tables go in as arguments:
+        :meth:`tables`)."""
+        return StepConstraints(self.num_tokens, None if self.guidance is None else self.guidance.dtype)
+
+    def tables(self, rows: int, vocab_size: int, device=None) -> tuple:
+        """The constraints as a step's arguments, one row per model row: ``forced`` (rows, N),
+        the free tokens (rows, V) bool and the guidance scales (rows, N) (None without them);
+        contiguous, so a compiled step takes them as they are."""
+        def per_row(table):
+            return None if table is None else table.to(device)[None].expand(rows, -1).contiguous()
+        return per_row(self.forced), per_row(self._free(vocab_size, device)), per_row(self.guidance)
 
     def count(self, start: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Forced positions among each row's committed positions ``start[b] .. start[b] + counts[b] - 1``
@@ -99,3 +103,66 @@ class TokenConstraints:
         pinned = torch.cat([torch.zeros(1, dtype=torch.long), (self.forced >= 0).long().cumsum(0)]).to(start.device)
         end = (start + counts).clamp(max=self.num_tokens)
         return (pinned[end] - pinned[start.clamp(max=self.num_tokens)]).sum()
+
+
+def forced_at(forced: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The forced token at each position: ``forced[p]`` for a table ``forced`` (N,) and positions
+    of any shape, or ``forced[b, p]`` for one table per row (B, N) and positions (B, L); -1 at
+    positions >= N (fillers past a row's end) and where the table says -1 (the model samples)."""
+    last = forced.shape[-1] - 1
+    at = positions.clamp(0, last)
+    values = forced[at] if forced.dim() == 1 else forced.gather(1, at)
+    return torch.where(positions <= last, values, torch.full_like(values, -1))
+
+
+def scales_at(guidance: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(…, 1): the guidance scale at each position, ``guidance[min(p, N - 1)]`` for a table (N,),
+    or ``guidance[b, min(p, N - 1)]`` for one per row (B, N) and positions (B, L)."""
+    at = positions.clamp(0, guidance.shape[-1] - 1)
+    return (guidance[at] if guidance.dim() == 1 else guidance.gather(1, at))[..., None]
+
+
+def allowed_at(forced: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
+    """(…, V) bool: at a forced position (``forced`` >= 0, shape (…)) its token alone, elsewhere
+    the ``free`` tokens ((V,), or anything that broadcasts to (…, V)). No host read: the same work
+    at every step."""
+    point = torch.zeros(*forced.shape, free.shape[-1], dtype=torch.bool, device=forced.device)
+    point.scatter_(-1, forced.clamp(min=0)[..., None], True)
+    return torch.where((forced >= 0)[..., None], point, free)
+
+
+def pin_drafts(drafts: torch.Tensor, draft_probs: torch.Tensor | None, forced: torch.Tensor, vocab_size: int):
+    """``drafts`` (B, K) with the forced token put in where ``forced`` (B, K) is >= 0, and their
+    laws ``draft_probs`` (B, K, V) or None with a point mass there: ``(drafts, draft_probs)``."""
+    pinned = forced >= 0
+    drafts = torch.where(pinned, forced, drafts)
+    if draft_probs is not None:
+        one_hot = torch.nn.functional.one_hot(drafts, vocab_size).to(draft_probs.dtype)
+        draft_probs = torch.where(pinned[..., None], one_hot, draft_probs)
+    return drafts, draft_probs
+
+
+@dataclass(frozen=True)
+class StepConstraints:
+    """What a token model's compiled step knows of :class:`TokenConstraints`, hashable so that it
+    can key the step's graphs: the positions the tables cover and the dtype of the per-position
+    guidance scales (None: none). The tables themselves are the step's arguments
+    (:meth:`TokenConstraints.tables`), so one graph serves every set of constraints of that shape."""
+
+    num_tokens: int
+    scale_dtype: torch.dtype | None = None
+
+    def law(self, positions: torch.Tensor, forced: torch.Tensor, free: torch.Tensor, guidance: torch.Tensor | None):
+        """At ``positions`` (R, L) of each model row, from that row's tables: the allowed tokens
+        (R, L, V) bool and the guidance scales (R, L, 1) (None without per-position scales), as
+        :meth:`TokenConstraints.allowed_mask` and :meth:`TokenConstraints.guidance_at` give them."""
+        allowed = allowed_at(forced_at(forced, positions), free[:, None])
+        return allowed, None if guidance is None else scales_at(guidance, positions)
+
+    def example_tables(self, rows: int, vocab_size: int, device=None) -> tuple:
+        """Tables of the shapes and dtypes :meth:`TokenConstraints.tables` gives (to compile a step
+        before decoding)."""
+        return (torch.full((rows, self.num_tokens), -1, dtype=torch.long, device=device),
+                torch.ones(rows, vocab_size, dtype=torch.bool, device=device),
+                None if self.scale_dtype is None else torch.ones(rows, self.num_tokens, dtype=self.scale_dtype,
+                                                                  device=device))

@@ -117,11 +117,13 @@ class Drafter:
         again before decoding."""
         raise NotImplementedError(f"{type(self).__name__}'s drafts are free: it has no draft timer")
 
-    def fused_step(self, sampling: SamplingConfig, rule: Rule, num_tokens: int):
+    def fused_step(self, sampling: SamplingConfig, rule: Rule, num_tokens: int, constraints=None):
         """A hashable step object that runs this drafter's proposal and update inside the target's
         compiled step, with the rule and the commit, in one graph (e.g.
         :class:`visualspec.drafters.JacobiStep`), for a decode of ``num_tokens`` tokens verified by
-        ``rule``; None (the default) where the drafter has none. Such a step reads the drafter's
+        ``rule`` (under ``constraints``, a :class:`~visualspec.core.constraints.StepConstraints`,
+        when the decode has some: the step forces their drafts and takes their tables after its
+        state); None (the default) where the drafter has none. Such a step reads the drafter's
         state (:meth:`step_state`) and returns it updated (:meth:`stepped`)."""
         return None
 
@@ -211,24 +213,27 @@ class Requests:
 
 def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingConfig, windows, *, drafts: bool,
                       rule: Rule | None = None, auto: bool = False, features: bool = False,
-                      drafter: Drafter | None = None) -> None:
+                      drafter: Drafter | None = None, constraints: TokenConstraints | None = None) -> None:
     """Compile, before a decode of ``prefix`` on ``target``'s compiled step (its ``precompile``),
     every step graph the decode can take, with what :func:`decode` hands each step
     (:func:`step_sampler`): with ``drafts``, the windows ``windows`` under ``rule`` (``features``:
     steps that return the target's features too), run whole inside the step where ``drafter`` has
     a fused step (:func:`~visualspec.core.rows.fused_step`); and plain AR's step, where there are no drafts or
-    the window is ``auto`` (its policy may decode as AR, with the lossless rule)."""
+    the window is ``auto`` (its policy may decode as AR, with the lossless rule). ``constraints``:
+    the decode's, if any (their tables are the steps' arguments)."""
     if drafts:
-        fused = fused_step(target, drafter, sampling, num_tokens, rule=rule, features=features)
+        fused = fused_step(target, drafter, sampling, num_tokens, rule=rule, features=features,
+                           constraints=constraints)
         if fused is not None:  # a drafted step runs whole inside the target's step; one without drafts does not
             target.precompile(prefix, num_tokens, [w for w in windows if w > 1], post=fused)
             windows = [w for w in windows if w == 1]
-        post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features)
-                or step_sampler(target, sampling, features=features))
+        post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features, constraints=constraints)
+                or step_sampler(target, sampling, features=features, constraints=constraints))
         if windows:
             target.precompile(prefix, num_tokens, windows, **({"features": True} if features else {}), post=post)
     if not drafts or auto:
-        target.precompile(prefix, num_tokens, [1], post=step_sampler(target, sampling, verifies=True))
+        target.precompile(prefix, num_tokens, [1],
+                          post=step_sampler(target, sampling, verifies=True, constraints=constraints))
 
 
 @torch.no_grad()

@@ -190,18 +190,19 @@ def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, ru
     inside the target's step, compiled with it: the
     :class:`~visualspec.core.sampling.StepSampler` (the distributions), or with ``verifies`` the
     :class:`~visualspec.core.verify.StepVerifier` (the distributions and the lossless rule's
-    verdict), where ``rule`` is the lossless one (``None``: it). None where the target takes none
-    (no ``takes_post``), where the step's distributions need what the sampler does not hold
-    (``constraints``' per-position tokens and scales), where the target's features ride along,
+    verdict), where ``rule`` is the lossless one (``None``: it); under ``constraints`` they take
+    the constraints' tables too (:meth:`~visualspec.core.constraints.TokenConstraints.tables`).
+    None where the target takes none (no ``takes_post``), where the target's features ride along,
     or (``verifies``) where the rule is another. A pipeline precompiles the graphs of what its
     decode will hand over (:func:`visualspec.core.engine.precompile_decode`)."""
-    if not getattr(target, "takes_post", False) or constraints is not None or features:
+    if not getattr(target, "takes_post", False) or features:
         return None
+    step = None if constraints is None else constraints.step
     if not verifies:
-        return StepSampler(sampling)
+        return StepSampler(sampling, step)
     if rule is not None and rule is not default_rule(sampling):
         return None
-    return StepVerifier(sampling)
+    return StepVerifier(sampling, step)
 
 
 def fused_step(target, drafter, sampling: SamplingConfig, num_tokens: int, *, rule: Rule | None = None,
@@ -214,7 +215,8 @@ def fused_step(target, drafter, sampling: SamplingConfig, num_tokens: int, *, ru
     if (drafter is None or not getattr(target, "compiled_step", False)
             or step_sampler(target, sampling, verifies=True, rule=rule, constraints=constraints, features=features) is None):
         return None
-    return drafter.fused_step(sampling, rule or default_rule(sampling), num_tokens)
+    return drafter.fused_step(sampling, rule or default_rule(sampling), num_tokens,
+                              constraints=None if constraints is None else constraints.step)
 
 
 def _first_tokens(rule: Rule, p: torch.Tensor, generator) -> torch.Tensor:
@@ -264,6 +266,7 @@ class _Run:
         self.step_fuses = fused_step(target, drafter, sampling, num_tokens, rule=rule, constraints=constraints,
                                      features=self.features)
         self._partner_rows = (None, -1)  # the guidance pairs of the model rows, and the batch size they are for
+        self._tables = (None, -1)  # the constraints' tables in the model rows, and how many rows they are for
         if self.features and not hasattr(target, "feature_size"):
             reader = type(drafter if self.drafter_features else rule).__name__
             raise TypeError(f"{reader} reads the target's features, but {type(target).__name__} "
@@ -384,7 +387,8 @@ class _Run:
         if self.step_probs is None:
             logits, features = self.forward_window(drafts)
             return self.probs(logits, self.rows.positions(drafts.shape[1] + 1)), features
-        probs, _ = self.forward_window(drafts, post=self.step_probs, post_args=(self._partners(),))
+        probs, _ = self.forward_window(drafts, post=self.step_probs,
+                                       post_args=(self._partners(), *self._constrained(self.rows.n)))
         return probs[:len(self.rows)], None
 
     def forward_verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> tuple[Verdict, torch.Tensor]:
@@ -399,7 +403,7 @@ class _Run:
             draft_probs = point_mass(drafts, self.target.vocab_size)
         rule_args = (drafts if k else None, None if greedy else draft_probs, u, u_emit)  # StepVerifier's order
         (probs, accepted, tokens), _ = self.forward_window(drafts, post=self.step_verifies,
-                                                          post_args=self._step_args(rule_args))
+                                                          post_args=self._step_args(rule_args) + self._constrained(rows.n))
         return Verdict(accepted[:b], tokens[:b]), probs[:b]
 
     def forward_fused(self, k: int) -> tuple[Verdict, torch.Tensor]:
@@ -412,11 +416,23 @@ class _Run:
         state = (rows.seq, rows.n, rows.fixed, rows.forwards, *self.drafter.step_state(b, rows.n.device),
                  *step.uniforms(b, k, rows.generator, rows.n.device))
         window = rows.seq.new_zeros(b * self.sampling.model_rows_per_sample, k + 1)  # made inside the step
-        out = self.target.forward_window(window, rows.model(rows.n - 1), post=step, post_args=self._step_args(state))
+        out = self.target.forward_window(window, rows.model(rows.n - 1), post=step,
+                                         post_args=self._step_args(state) + self._constrained())
         seq, fixed, counts, accepted, emitted, *carry = (x[:b] for x in out)
         self.drafter.stepped(tuple(carry))
         start = rows.n
         return Verdict(accepted, emitted), self._committed(start, rows.took(seq, fixed, counts, k + 1))
+
+    def _constrained(self, n: torch.Tensor | None = None) -> list:
+        """What a step's ``post`` takes after its own arguments under constraints (nothing without
+        them): the rows' positions ``n`` (a sampler's; a fused step has its own), then the
+        constraints' tables in the model's rows, made once per batch size."""
+        if self.constraints is None:
+            return []
+        rows = len(self.rows) * self.sampling.model_rows_per_sample
+        if self._tables[1] != rows:
+            self._tables = (self.constraints.tables(rows, self.target.vocab_size, self.rows.n.device), rows)
+        return ([] if n is None else [self.rows.model(n)]) + list(self._tables[0])
 
     def _step_args(self, values) -> list:
         """What a step's ``post`` is handed: the guidance pairs (:meth:`_partners`), then each of

@@ -17,6 +17,7 @@ from typing import Sequence, Union
 import torch
 
 from .checks import check_int
+from .constraints import StepConstraints
 
 Generator = Union[None, torch.Generator, Sequence[torch.Generator]]
 
@@ -150,21 +151,39 @@ class StepSampler:
     (:meth:`SamplingConfig.paired_rows` pairs the rows for guidance), it returns each row's
     distributions, :meth:`SamplingConfig.probs`'s (R, L, V). The rows of a conditional model row
     are the sample's; the rest are junk for the caller to drop. The lossless rule runs after it in
-    the same step (:class:`visualspec.core.verify.StepVerifier`). Frozen and hashable: equal
+    the same step (:class:`visualspec.core.verify.StepVerifier`). With ``constraints``
+    (:class:`~visualspec.core.constraints.StepConstraints`) it also takes each model row's first
+    position ``n`` (R,) (column j of the window is position n + j) and the constraints' tables
+    (:meth:`~visualspec.core.constraints.TokenConstraints.tables`), and applies their allowed
+    tokens and guidance scales as :meth:`SamplingConfig.probs` does. Frozen and hashable: equal
     samplers share a compiled graph."""
 
     sampling: SamplingConfig
+    constraints: StepConstraints | None = None
     label = "sampling"  # what a compiling step says it compiles with
 
-    def __call__(self, logits: torch.Tensor, partner: torch.Tensor) -> torch.Tensor:
-        s = self.sampling
-        guided = guide_rows(logits, partner, s.guidance_scale) if s.uses_guidance else logits
-        return s.guided_probs(guided, logits)
+    def __call__(self, logits: torch.Tensor, partner: torch.Tensor, *constrained) -> torch.Tensor:
+        s, allowed, scale = self.sampling, None, self.sampling.guidance_scale
+        if self.constraints is not None:
+            n, *tables = constrained
+            positions = n[:, None] + torch.arange(logits.shape[1], device=n.device)
+            allowed, scales = self.constraints.law(positions, *tables)
+            scale = scale if scales is None else scales
+        guided = guide_rows(logits, partner, scale) if s.uses_guidance else logits
+        return s.guided_probs(guided, logits, allowed)
+
+    def constraint_args(self, model_rows: int, vocab_size: int, device=None) -> tuple:
+        """Example arguments for the constraints (none without them): ``n`` and the tables."""
+        if self.constraints is None:
+            return ()
+        return (torch.zeros(model_rows, dtype=torch.long, device=device),
+                *self.constraints.example_tables(model_rows, vocab_size, device))
 
     def example_args(self, model_rows: int, window: int, vocab_size: int, device=None) -> tuple:
         """Arguments of the shapes and dtypes a step of ``model_rows`` rows and ``window`` tokens
         hands it (to compile its graph before decoding)."""
-        return (torch.zeros(model_rows, dtype=torch.long, device=device),)
+        return (torch.zeros(model_rows, dtype=torch.long, device=device),
+                *self.constraint_args(model_rows, vocab_size, device))
 
 
 def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float,

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from .checks import check_int, check_probability
+from .constraints import StepConstraints
 from .sampling import Generator, SamplingConfig, StepSampler, inverse_cdf, uniform
 
 
@@ -187,10 +188,11 @@ class StepVerifier:
     hashable: equal verifiers share a compiled graph."""
 
     sampling: SamplingConfig
+    constraints: StepConstraints | None = None  # as the StepSampler's: its n and tables come last
     label = "sampling and rule"  # what a compiling step says it compiles with
 
-    def __call__(self, logits, partner, drafts=None, draft_probs=None, u=None, u_emit=None):
-        probs = StepSampler(self.sampling)(logits, partner)
+    def __call__(self, logits, partner, drafts=None, draft_probs=None, u=None, u_emit=None, *constrained):
+        probs = StepSampler(self.sampling, self.constraints)(logits, partner, *constrained)
         if drafts is None:
             drafts = probs.new_empty(probs.shape[0], 0, dtype=torch.long)
         rule = greedy_verify(drafts, None, probs) if self.sampling.greedy else \
@@ -208,7 +210,8 @@ class StepVerifier:
         drafts = zeros(model_rows, k, dtype=torch.long) if k else None
         draft_probs = zeros(model_rows, k, vocab_size, dtype=torch.float32) if k and not greedy else None
         u = zeros(model_rows, k) if k and not greedy else None
-        return partner, drafts, draft_probs, u, None if greedy else zeros(model_rows)
+        return (partner, drafts, draft_probs, u, None if greedy else zeros(model_rows),
+                *StepSampler(self.sampling, self.constraints).constraint_args(model_rows, vocab_size, device))
 
 
 def typical_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,

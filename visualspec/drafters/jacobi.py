@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.compiled import COMPILED_WINDOWS
+from ..core.constraints import StepConstraints, forced_at, pin_drafts
 from ..core.engine import Drafter
 from ..core.rows import commit_window, per_row
 from ..core.sampling import Generator, SamplingConfig, inverse_cdf, sample, uniform
@@ -101,6 +102,7 @@ class JacobiStep:
     init: str  # the drafter's initialisation scheme (INIT_SCHEMES)
     init_vocab: tuple[int, int]
     grid_width: int | None = None
+    constraints: StepConstraints | None = None  # structural tokens: their tables come last in the arguments
     label = "Jacobi drafts, sampling, rule and commit"  # what a compiling step says it compiles with
 
     def uniforms(self, rows: int, k: int, generator: Generator = None, device=None) -> tuple:
@@ -113,21 +115,28 @@ class JacobiStep:
         return init, *rule_uniforms(rows, k, generator, device), uniform((rows, k + 1), generator, device=device)
 
     def window(self, tokens, partner, seq, n, fixed, forwards, carried, carried_probs, count, u_init, u, u_emit,
-               u_draw):
+               u_draw, *tables):
         """The window ``[x_{n-1}, drafts]`` of each row, of ``tokens``' shape (R, k + 1), and the
-        arguments of the step."""
+        arguments of the step; a forced position's draft is its token, with a point mass as its law
+        (:func:`~visualspec.core.constraints.pin_drafts`, as the unfused step's proposal does)."""
         k = tokens.shape[1] - 1
         at = carried_at((carried, carried_probs, count), k)
         drafts, q = jacobi_drafts(at, fresh_drafts(self.init, self.init_vocab, self.grid_width, u_init, seq, n, k, at))
+        if self.constraints is not None:
+            drafts, q = pin_drafts(drafts, q, forced_at(tables[0], n[:, None] + torch.arange(k, device=n.device)),
+                                   q.shape[-1])
         last = seq.gather(1, (n - 1).clamp(min=0)[:, None])  # padded rows have n = 0
         width = max(carried.shape[1], k + 1)  # a longer window (run eagerly) widens the carry
-        return torch.cat([last, drafts], 1), (partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw)
+        return torch.cat([last, drafts], 1), (partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw,
+                                              *tables)
 
-    def __call__(self, logits, partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw):
+    def __call__(self, logits, partner, seq, n, fixed, forwards, width, drafts, q, u, u_emit, u_draw, *tables):
         """``(seq, fixed, counts, num_accepted, next_tokens, carried, carried_probs, count)`` after
         the step."""
         greedy = self.sampling.greedy
-        probs, accepted, emitted = StepVerifier(self.sampling)(logits, partner, drafts, None if greedy else q, u, u_emit)
+        constrained = (n, *tables) if self.constraints is not None else ()
+        probs, accepted, emitted = StepVerifier(self.sampling, self.constraints)(
+            logits, partner, drafts, None if greedy else q, u, u_emit, *constrained)
         seq, fixed, counts = commit_window(seq, fixed, n, forwards, drafts, accepted, emitted)
         new = probs.argmax(-1) if greedy else inverse_cdf(probs, u_draw)
         return (seq, fixed, counts, accepted, emitted, *carry_after(new, probs, counts, width))
@@ -141,9 +150,10 @@ class JacobiStep:
         uniforms = [zeros(model_rows, k, dtype=torch.float64) if self.init == "random" else None,
                     *([zeros(model_rows, k, dtype=torch.float64), zeros(model_rows, dtype=torch.float64),
                        zeros(model_rows, window, dtype=torch.float64)] if sampled else [None] * 3)]
+        tables = () if self.constraints is None else self.constraints.example_tables(model_rows, vocab_size, device)
         return (zeros(model_rows), zeros(model_rows, self.num_tokens), zeros(model_rows), zeros(model_rows, self.num_tokens),
                 zeros(model_rows), zeros(model_rows, FUSED_WIDTH),
-                zeros(model_rows, FUSED_WIDTH, vocab_size, dtype=torch.float32), zeros(model_rows), *uniforms)
+                zeros(model_rows, FUSED_WIDTH, vocab_size, dtype=torch.float32), zeros(model_rows), *uniforms, *tables)
 
 
 def coupled_redraft(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
@@ -239,12 +249,13 @@ class JacobiDrafter(Drafter):
         if self.carry is not None:
             self.carry[2][rows] = 0
 
-    def fused_step(self, sampling, rule, num_tokens):
-        """The whole step, run inside the target's step (:class:`JacobiStep`), where the drafts are
-        uncoupled and verified by the lossless rule; else None."""
+    def fused_step(self, sampling, rule, num_tokens, constraints=None):
+        """The whole step, run inside the target's step (:class:`JacobiStep`; ``constraints``: the
+        decode's :class:`~visualspec.core.constraints.StepConstraints`, or None), where the drafts
+        are uncoupled and verified by the lossless rule; else None."""
         if self.coupling or rule is not default_rule(sampling):
             return None
-        return JacobiStep(sampling, num_tokens, self.init, self.init_vocab, self.grid_width)
+        return JacobiStep(sampling, num_tokens, self.init, self.init_vocab, self.grid_width, constraints)
 
     def step_state(self, rows, device=None) -> tuple:
         """The carry a fused step reads: :data:`FUSED_WIDTH` columns from now on (one shape for its
