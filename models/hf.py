@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, dense, fixed_address, step_compiler
+from visualspec.core.compiled import COMPILED_WINDOWS, StepCompiler, dense, dense_args, fixed_address, step_compiler
 
 # the per-row state beside the cache (what select, branch and refill carry along)
 _ROW_STATE = ("prefix_mask", "first_position", "column_position", "column_valid")
@@ -511,12 +511,12 @@ class HFCausalLM:
         start = torch.tensor(self.column_valid.shape[1], device=tokens.device)
         key = _bucket(B, run, valid.shape[1], self._dtype, tokens.device, self.head_rows is not None, features)
         key += () if post is None else (post,)
-        args = (valid, start, features, post, *post_args)
         if self._compiled and run <= COMPILED_WINDOWS and (key in self._compiler.compile_s or compile_new
                                                           or B == self._prefill_rows and post is None):
-            out = self._compiler(key, self, dense(tokens), dense(positions), *args)
+            tokens, positions, *post_args = dense_args([tokens, positions, *post_args])  # one layout per bucket
+            out = self._compiler(key, self, tokens, positions, valid, start, features, post, *post_args)
         else:  # rows that finished left the batch (or a window no graph was compiled for): the rest runs
-            out = _window_forward(self, tokens, positions, *args)  # eagerly rather than compile mid-decode
+            out = _window_forward(self, tokens, positions, valid, start, features, post, *post_args)  # eagerly
         if post is not None:
             return out
         logits, states = out if features else (out, None)
