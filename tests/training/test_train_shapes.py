@@ -196,17 +196,18 @@ def test_train_shapes_command_passes_its_options(monkeypatch, tmp_path):
 
 
 def test_training_runs_in_bfloat16_only_where_the_hardware_runs_it_fast(monkeypatch):
+    import visualspec.core.precision as precision
     import visualspec.training.common as train
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("VISUALSPEC_TRAIN_PRECISION", raising=False)
     for speedup, fast in ((2.4, True), (0.6, True), (0.002, False)):  # AVX2-only CPUs have no bfloat16 kernels
-        monkeypatch.setattr(train, "bfloat16_speedup_on_cpu", lambda: speedup)
+        monkeypatch.setattr(precision, "bfloat16_speedup_on_cpu", lambda: speedup)
         assert train.training_autocast(cpu) == dict(device_type="cpu", dtype=torch.bfloat16, enabled=fast)
     monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "bf16")
     assert train.training_autocast(cpu)["enabled"]
     monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "fp32")
-    monkeypatch.setattr(train, "bfloat16_speedup_on_cpu", lambda: 2.4)
+    monkeypatch.setattr(precision, "bfloat16_speedup_on_cpu", lambda: 2.4)
     assert not train.training_autocast(cpu)["enabled"]
     monkeypatch.setenv("VISUALSPEC_TRAIN_PRECISION", "half")
     with pytest.raises(ValueError, match="VISUALSPEC_TRAIN_PRECISION"):

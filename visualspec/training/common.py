@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..core.precision import bfloat16_speedup_on_cpu
+from ..core.precision import resolve_dtype
 
 
 def save_checkpoint(path: Path, modules: dict, optimizer, step: int, extra: dict | None = None) -> None:
@@ -92,11 +92,8 @@ def training_autocast(device: torch.device) -> dict:
     forced = os.environ.get("VISUALSPEC_TRAIN_PRECISION", "auto")
     if forced not in ("auto", "bf16", "fp32"):
         raise ValueError(f"VISUALSPEC_TRAIN_PRECISION must be auto, bf16 or fp32, got {forced!r}")
-    if forced == "auto":
-        if device.type == "cuda":
-            use = torch.cuda.is_bf16_supported()
-        else:
-            use = device.type == "cpu" and bfloat16_speedup_on_cpu() >= 0.5  # at least half float32's speed
+    if forced == "auto":  # the world model's rule, with a CPU's bfloat16 at least half float32's speed
+        use = resolve_dtype("auto", device, fast=0.5) == torch.bfloat16
     else:
         use = forced == "bf16"
     return dict(device_type=device.type, dtype=torch.bfloat16, enabled=use)
