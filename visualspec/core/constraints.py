@@ -109,17 +109,21 @@ def forced_at(forced: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The forced token at each position: ``forced[p]`` for a table ``forced`` (N,) and positions
     of any shape, or ``forced[b, p]`` for one table per row (B, N) and positions (B, L); -1 at
     positions >= N (fillers past a row's end) and where the table says -1 (the model samples)."""
-    last = forced.shape[-1] - 1
-    at = positions.clamp(0, last)
-    values = forced[at] if forced.dim() == 1 else forced.gather(1, at)
-    return torch.where(positions <= last, values, torch.full_like(values, -1))
+    values = _lookup(forced, positions)
+    return torch.where(positions < forced.shape[-1], values, torch.full_like(values, -1))
 
 
 def scales_at(guidance: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """(…, 1): the guidance scale at each position, ``guidance[min(p, N - 1)]`` for a table (N,),
     or ``guidance[b, min(p, N - 1)]`` for one per row (B, N) and positions (B, L)."""
-    at = positions.clamp(0, guidance.shape[-1] - 1)
-    return (guidance[at] if guidance.dim() == 1 else guidance.gather(1, at))[..., None]
+    return _lookup(guidance, positions)[..., None]
+
+
+def _lookup(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``table[min(p, N - 1)]`` at each position for a table (N,), or ``table[b, min(p, N - 1)]`` for
+    one table per row (B, N) and positions (B, L)."""
+    at = positions.clamp(0, table.shape[-1] - 1)
+    return table[at] if table.dim() == 1 else table.gather(1, at)
 
 
 def allowed_at(forced: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
