@@ -21,6 +21,7 @@ STATIC_SLACK = 64   # columns past prefix + new tokens for the windows and trees
 # model (a new HFCausalLM each generate_text call) finds its buckets compiled
 _COMPILERS: "weakref.WeakKeyDictionary[torch.nn.Module, StepCompiler]" = weakref.WeakKeyDictionary()
 _TREE_COMPILERS: "weakref.WeakKeyDictionary[torch.nn.Module, StepCompiler]" = weakref.WeakKeyDictionary()
+_POSTS_REFUSED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose step with a post failed to compile
 
 
 def static_length(needed: int, round_to: int = STATIC_ROUND) -> int:
@@ -227,7 +228,18 @@ class HFCausalLM:
     #: where a window without it runs in a power-of-two bucket (:func:`window_bucket`): a graph per
     #: length would multiply its graphs. Image layouts (:class:`~visualspec.models.unified_ar.
     #: UnifiedImageLM`) take it: their windows are the powers of two the window search tries.
-    takes_post = False
+    posts_inside = False
+
+    @property
+    def takes_post(self) -> bool:
+        """Whether :meth:`forward_window` takes ``post``: :attr:`posts_inside`, unless torch could not
+        compile this model's step with one (:func:`~visualspec.core.engine.precompile_decode` then
+        sets it False, for every adapter of the model from then on: a pipeline makes one a call)."""
+        return self.posts_inside and self.model not in _POSTS_REFUSED
+
+    @takes_post.setter
+    def takes_post(self, value: bool) -> None:
+        (_POSTS_REFUSED.discard if value else _POSTS_REFUSED.add)(self.model)
 
     def forward_window(self, tokens: torch.Tensor, start, features: bool = False, post=None, post_args=(),
                        compile_new: bool = False):

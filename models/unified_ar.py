@@ -138,7 +138,7 @@ class UnifiedImageLM(HFCausalLM):
     Its window forward takes the engine's ``post`` (:meth:`HFCausalLM.forward_window`), so that a
     compiled step samples, verifies and (SJD) drafts and commits inside its graph."""
 
-    takes_post = True
+    posts_inside = True
 
     def __init__(self, model):
         super().__init__(model, raw_head=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import assert_guards_checked_once_a_decode, tiny_llamagen
-from visualspec.core.compiled import CPP_WRAPPER, StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
+from visualspec.core.compiled import CPP_WRAPPER, CompileError, StepCompiler, bucket_slots, check_compile, compile_mode, compile_pays
 from visualspec.core.engine import Requests, decode, precompile_decode, step_sampler
 from visualspec.core.sampling import SamplingConfig
 from visualspec.core.verify import default_rule
@@ -94,6 +94,50 @@ def test_past_its_graphs_a_compiler_runs_new_buckets_eagerly_with_one_warning():
         assert compiler(2, torch.zeros(3)).tolist() == [1.0, 1.0, 1.0]
     assert compiler(3, torch.zeros(1)).tolist() == [1.0]  # no second warning
     assert compiler.eager == {2, 3}
+
+
+class _Precompiles:
+    """A compiled target that records its precompiles and cannot compile the posts in ``fails``."""
+    compiled_step, takes_post, vocab_size = True, True, 16
+
+    def __init__(self, fails=()):
+        self.fails, self.calls = fails, []
+
+    def precompile(self, prefix, num_tokens, windows, post=None):
+        label = None if post is None else post.label
+        self.calls.append((list(windows), label))
+        if label in self.fails:
+            raise CompileError("the toy step", "InductorError: TypeError: list indices must be integers")
+
+
+@pytest.mark.parametrize("drafts, fails, calls", [
+    (False, (), [([1], "sampling and rule")]),  # the control: nothing fails, every post stays inside
+    (False, ("sampling and rule",), [([1], "sampling and rule"), ([1], None)]),
+    (True, (), [([8], "Jacobi drafts, sampling, rule and commit"), ([1], "sampling and rule")]),
+    (True, ("Jacobi drafts, sampling, rule and commit",),
+     [([8], "Jacobi drafts, sampling, rule and commit"), ([8], None), ([1], None)]),
+])
+def test_a_step_torch_cannot_compile_with_its_rule_inside_falls_back_to_the_rule_after_it(drafts, fails, calls):
+    target, sampling = _Precompiles(fails), SamplingConfig(top_k=4)
+    run = lambda: precompile_decode(target, torch.zeros(1, 3, dtype=torch.long), 8, sampling, [1, 8], drafts=drafts,  # noqa: E731
+                                    drafter=JacobiDrafter(16) if drafts else None)
+    if fails:
+        with pytest.warns(UserWarning, match=r"the toy step: torch could not compile the step with its "
+                                             rf"{fails[0]} inside \(InductorError: .*\); they run after the "
+                                             r"compiled forward instead"):
+            run()
+    else:
+        run()
+    assert target.calls == calls
+    assert target.takes_post is not bool(fails)
+    # the decode hands the step what was compiled: nothing, once a post failed
+    assert (step_sampler(target, sampling, verifies=True) is None) is bool(fails)
+
+
+def test_a_bare_step_torch_cannot_compile_still_raises():
+    target = _Precompiles(fails=("sampling and rule", None))
+    with pytest.raises(CompileError, match="could not compile the step on this machine"), pytest.warns(UserWarning):
+        precompile_decode(target, torch.zeros(1, 3, dtype=torch.long), 8, SamplingConfig(), [1], drafts=False)
 
 
 def test_a_step_torch_cannot_compile_gets_an_error_that_says_what_to_do(monkeypatch):

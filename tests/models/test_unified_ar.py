@@ -141,7 +141,7 @@ def where(request, monkeypatch):
     """Where a window's distributions, constraints and rule run: inside the model's step (the
     adapter takes the engine's ``post``) or in the engine around a model that takes none."""
     if request.param == "in the engine":
-        monkeypatch.setattr(UnifiedImageLM, "takes_post", False)
+        monkeypatch.setattr(UnifiedImageLM, "posts_inside", False)
     return request.param
 
 
@@ -176,7 +176,7 @@ def test_the_step_and_the_engine_draw_the_same_tokens(monkeypatch):
                       drafter=JacobiDrafter(64, "repeat_above", grid_width=layout.row_length),
                       generator=torch.Generator().manual_seed(5))
     inside, stats = run()
-    monkeypatch.setattr(UnifiedImageLM, "takes_post", False)
+    monkeypatch.setattr(UnifiedImageLM, "posts_inside", False)
     outside, _ = run()
     assert stats.row_forwards.unique().numel() > 1, "every row accepted alike: not a ragged batch"
     assert torch.equal(inside, outside)
@@ -246,3 +246,17 @@ def test_a_schedule_needs_guidance_and_one_scale_per_position():
     with pytest.raises(ValueError, match="uses no guidance"):
         decode(model, prefix(layout, 1, False), layout.num_tokens, SamplingConfig(),
                constraints=layout.constraints(64, SCHEDULE))
+
+
+def test_a_model_whose_step_failed_to_compile_with_its_rule_keeps_the_rule_after_it_in_every_adapter():
+    """A pipeline makes a token model a call: the fallback of a step torch could not compile with
+    its rule inside (:func:`visualspec.core.engine.precompile_decode`) holds for the model, not the
+    adapter, so that no later call compiles (and fails) again."""
+    model, other = tiny_chameleon(), tiny_chameleon(seed=1)
+    first = UnifiedImageLM(model)
+    assert first.takes_post and UnifiedImageLM(other).takes_post
+    first.takes_post = False
+    assert not UnifiedImageLM(model).takes_post and not first.takes_post
+    assert UnifiedImageLM(other).takes_post  # the control: another model still takes its rule inside
+    first.takes_post = True
+    assert UnifiedImageLM(model).takes_post

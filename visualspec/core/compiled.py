@@ -193,6 +193,16 @@ def skips_guards(key: Hashable, checked: set | None, mode: str | None) -> bool:
     return checked is not None and key in checked and mode != "reduce-overhead"
 
 
+class CompileError(RuntimeError):
+    """torch could not compile a step on this machine: no C++ compiler, an unsupported device, or an
+    error inside torch's compiler (one seen: torch 2.11's inductor on CUDA, generating the top-k
+    softmax over 65,536 logits of a Lumina-shaped step). ``step`` names the step, ``reason`` torch's error."""
+
+    def __init__(self, step: str, reason: str):
+        super().__init__(f"{step}: torch could not compile the step on this machine ({reason}); use compile=False")
+        self.step, self.reason = step, reason
+
+
 class StepCompiler:
     """One compiled function, called with a bucket key that names the shapes of its arguments.
 
@@ -262,8 +272,6 @@ class StepCompiler:
                                             accumulated_recompile_limit=max(256, 2 * self.max_graphs)):
                 out = self._run(*args)
         except Exception as e:  # inductor raises many kinds: no C++ compiler, an unsupported device, ...
-            raise RuntimeError(f"{self.name}: torch could not compile the step on this machine "
-                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                               f"use compile=False") from e
+            raise CompileError(self.name, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         self.compile_s[key] = time.perf_counter() - t0
         return out

@@ -30,12 +30,14 @@ continuous-token loop (:mod:`visualspec.core.continuous`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 
 from .checks import check_int, check_positive_int, is_int
+from .compiled import CompileError
 from .constraints import TokenConstraints
 from .proactive import extra_nodes
 from .rows import _Run, fused_step, step_sampler
@@ -220,20 +222,39 @@ def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingCo
     steps that return the target's features too), run whole inside the step where ``drafter`` has
     a fused step (:func:`~visualspec.core.rows.fused_step`); and plain AR's step, where there are no drafts or
     the window is ``auto`` (its policy may decode as AR, with the lossless rule). ``constraints``:
-    the decode's, if any (their tables are the steps' arguments)."""
+    the decode's, if any (their tables are the steps' arguments). Where torch cannot compile a step
+    with its sampling and rule inside, they run after the compiled forward instead
+    (:func:`_precompile_with`)."""
+    extra = {"features": True} if features else {}
     if drafts:
         fused = fused_step(target, drafter, sampling, num_tokens, rule=rule, features=features,
                            constraints=constraints)
-        if fused is not None:  # a drafted step runs whole inside the target's step; one without drafts does not
-            target.precompile(prefix, num_tokens, [w for w in windows if w > 1], post=fused)
+        if fused is not None:  # a drafted step runs whole inside the target's step (or bare, where that failed)
+            _precompile_with(target, prefix, num_tokens, [w for w in windows if w > 1], fused)
             windows = [w for w in windows if w == 1]
-        post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features, constraints=constraints)
-                or step_sampler(target, sampling, features=features, constraints=constraints))
-        if windows:
-            target.precompile(prefix, num_tokens, windows, **({"features": True} if features else {}), post=post)
+        if windows:  # each post is asked for after the last compile: a failed one turns them off
+            post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features, constraints=constraints)
+                    or step_sampler(target, sampling, features=features, constraints=constraints))
+            _precompile_with(target, prefix, num_tokens, windows, post, **extra)
     if not drafts or auto:
-        target.precompile(prefix, num_tokens, [1],
-                          post=step_sampler(target, sampling, verifies=True, constraints=constraints))
+        _precompile_with(target, prefix, num_tokens, [1],
+                         step_sampler(target, sampling, verifies=True, constraints=constraints))
+
+
+def _precompile_with(target, prefix: Any, num_tokens: int, windows, post, **kwargs) -> None:
+    """``target.precompile`` of ``windows`` with ``post`` inside each step.
+    Where torch cannot compile a step with its ``post`` (:class:`~visualspec.core.compiled.CompileError`),
+    it warns, turns the target's ``takes_post`` off (its decodes then run the sampling and rule
+    after the compiled forward, as a target without ``takes_post`` does) and compiles the bare
+    windows instead. A bare window that cannot compile raises."""
+    if post is not None:
+        try:
+            return target.precompile(prefix, num_tokens, windows, post=post, **kwargs)
+        except CompileError as e:
+            warnings.warn(f"{e.step}: torch could not compile the step with its {post.label} inside ({e.reason}); "
+                          f"they run after the compiled forward instead, for this model from now on", stacklevel=3)
+            target.takes_post = False
+    target.precompile(prefix, num_tokens, windows, **kwargs)
 
 
 @torch.no_grad()

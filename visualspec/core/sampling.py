@@ -142,6 +142,21 @@ def guide_rows(logits: torch.Tensor, partner: torch.Tensor, scale: float) -> tor
     return classifier_free(logits, logits[partner], scale)
 
 
+def step_probs(sampling: SamplingConfig, constraints: StepConstraints | None, logits: torch.Tensor,
+               partner: torch.Tensor, *constrained) -> torch.Tensor:
+    """:class:`StepSampler`'s distributions (R, L, V), as a function: the traced code of a compiled
+    step calls this rather than building a sampler (torch 2.11's compiler fails on a frozen
+    dataclass made inside the graph)."""
+    allowed, scale = None, sampling.guidance_scale
+    if constraints is not None:
+        n, *tables = constrained
+        positions = n[:, None] + torch.arange(logits.shape[1], device=n.device)
+        allowed, scales = constraints.law(positions, *tables)
+        scale = scale if scales is None else scales
+    guided = guide_rows(logits, partner, scale) if sampling.uses_guidance else logits
+    return sampling.guided_probs(guided, logits, allowed)
+
+
 @dataclass(frozen=True)
 class StepSampler:
     """What a token model's step does with its window's logits inside the step itself (compiled with
@@ -163,14 +178,7 @@ class StepSampler:
     label = "sampling"  # what a compiling step says it compiles with
 
     def __call__(self, logits: torch.Tensor, partner: torch.Tensor, *constrained) -> torch.Tensor:
-        s, allowed, scale = self.sampling, None, self.sampling.guidance_scale
-        if self.constraints is not None:
-            n, *tables = constrained
-            positions = n[:, None] + torch.arange(logits.shape[1], device=n.device)
-            allowed, scales = self.constraints.law(positions, *tables)
-            scale = scale if scales is None else scales
-        guided = guide_rows(logits, partner, scale) if s.uses_guidance else logits
-        return s.guided_probs(guided, logits, allowed)
+        return step_probs(self.sampling, self.constraints, logits, partner, *constrained)
 
     def constraint_args(self, model_rows: int, vocab_size: int, device=None) -> tuple:
         """Example arguments for the constraints (none without them): ``n`` and the tables."""

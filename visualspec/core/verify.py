@@ -31,7 +31,7 @@ import torch
 
 from .checks import check_int, check_probability
 from .constraints import StepConstraints
-from .sampling import Generator, SamplingConfig, StepSampler, inverse_cdf, uniform
+from .sampling import Generator, SamplingConfig, StepSampler, inverse_cdf, step_probs, uniform
 
 
 @dataclass
@@ -173,6 +173,18 @@ def default_rule(sampling: SamplingConfig) -> Rule:
     return greedy_verify if sampling.greedy else speculative_verify
 
 
+def step_verdict(sampling: SamplingConfig, constraints: StepConstraints | None, logits, partner, drafts=None,
+                 draft_probs=None, u=None, u_emit=None, *constrained):
+    """:class:`StepVerifier`'s ``(probs, num_accepted, next_tokens)``, as a function: the traced code
+    of a compiled step (a drafter's fused step) calls this rather than building a verifier."""
+    probs = step_probs(sampling, constraints, logits, partner, *constrained)
+    if drafts is None:
+        drafts = probs.new_empty(probs.shape[0], 0, dtype=torch.long)
+    rule = greedy_verify(drafts, None, probs) if sampling.greedy else \
+        speculative_verdict(drafts, draft_probs, probs, u, u_emit)
+    return probs, rule.num_accepted, rule.next_tokens
+
+
 @dataclass(frozen=True)
 class StepVerifier:
     """The lossless rule (:func:`default_rule`) run inside a token model's step, after its sampling
@@ -192,12 +204,8 @@ class StepVerifier:
     label = "sampling and rule"  # what a compiling step says it compiles with
 
     def __call__(self, logits, partner, drafts=None, draft_probs=None, u=None, u_emit=None, *constrained):
-        probs = StepSampler(self.sampling, self.constraints)(logits, partner, *constrained)
-        if drafts is None:
-            drafts = probs.new_empty(probs.shape[0], 0, dtype=torch.long)
-        rule = greedy_verify(drafts, None, probs) if self.sampling.greedy else \
-            speculative_verdict(drafts, draft_probs, probs, u, u_emit)
-        return probs, rule.num_accepted, rule.next_tokens
+        return step_verdict(self.sampling, self.constraints, logits, partner, drafts, draft_probs, u, u_emit,
+                            *constrained)
 
     def example_args(self, model_rows: int, window: int, vocab_size: int, device=None) -> tuple:
         """Arguments of the shapes and dtypes a step of ``model_rows`` rows and ``window`` tokens

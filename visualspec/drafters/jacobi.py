@@ -11,7 +11,7 @@ from ..core.constraints import StepConstraints, forced_at, pin_drafts
 from ..core.engine import Drafter
 from ..core.rows import commit_window, per_row
 from ..core.sampling import Generator, SamplingConfig, inverse_cdf, sample, uniform
-from ..core.verify import StepVerifier, default_rule, point_mass, residual, rule_uniforms
+from ..core.verify import default_rule, point_mass, residual, rule_uniforms, step_verdict
 
 INIT_SCHEMES = ("random", "repeat_left", "repeat_above")
 FUSED_WIDTH = COMPILED_WINDOWS  # carry columns under a fused step: the longest window a compiled step takes
@@ -135,8 +135,8 @@ class JacobiStep:
         the step."""
         greedy = self.sampling.greedy
         constrained = (n, *tables) if self.constraints is not None else ()
-        probs, accepted, emitted = StepVerifier(self.sampling, self.constraints)(
-            logits, partner, drafts, None if greedy else q, u, u_emit, *constrained)
+        probs, accepted, emitted = step_verdict(self.sampling, self.constraints, logits, partner, drafts,
+                                                None if greedy else q, u, u_emit, *constrained)
         seq, fixed, counts = commit_window(seq, fixed, n, forwards, drafts, accepted, emitted)
         new = probs.argmax(-1) if greedy else inverse_cdf(probs, u_draw)
         return (seq, fixed, counts, accepted, emitted, *carry_after(new, probs, counts, width))
