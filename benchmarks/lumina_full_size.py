@@ -26,7 +26,9 @@ cause, not established, of AR's slow steps when it ran first without this on 202
 
 ``--compile on`` (or ``both``: eager first, then compiled, in one run) runs the compiled static
 step (:meth:`~visualspec.models.hf.HFCausalLM.compile_step`; on a GPU its ``"auto"`` mode captures
-CUDA graphs), after compiling every window of ``--windows`` (the time is printed, not counted). Each
+CUDA graphs), after compiling the bare forward of every window of ``--windows`` (for the cost table) and
+every step graph its decodes take (the rule and the constraints inside; both times are printed, not
+counted). Each
 step kind's one-token forward is set beside the bandwidth limit: the decoder's weight bytes over
 the device's measured copy bandwidth (a 1 GiB copy reads and writes 2 GiB), the least time a
 forward that reads every weight once can take.
@@ -56,7 +58,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.timing import median_ms, synchronized  # noqa: E402
-from visualspec.core.engine import decode  # noqa: E402
+from visualspec.core.engine import decode, precompile_decode  # noqa: E402
 from visualspec.core.sampling import SamplingConfig  # noqa: E402
 from visualspec.core.window import WindowPolicy, prefix_rows  # noqa: E402
 from visualspec.core.window_costs import machine_name, measure_window_costs, synchronize  # noqa: E402
@@ -115,10 +117,14 @@ def model_prefix(layout, vocab: dict, prompt_tokens: int, device, guided: bool):
     return ids, mask
 
 
+def jacobi_drafter(target, layout) -> JacobiDrafter:
+    """SJD's drafter for ``layout``: random drafts, a row's first position drafted from the one above."""
+    return JacobiDrafter(target.vocab_size, "repeat_above", grid_width=layout.row_length)
+
+
 def run_mode(target, prefix, layout, sampling, window, seed: int, device):
     """One image; returns its timings and statistics."""
-    drafter = None if window is None else JacobiDrafter(target.vocab_size, "repeat_above",
-                                                        grid_width=layout.row_length)
+    drafter = None if window is None else jacobi_drafter(target, layout)
     constraints = layout.constraints(target.vocab_size)
     gen = torch.Generator(device=device).manual_seed(seed)
     synchronize(device)
@@ -142,6 +148,7 @@ def copy_bandwidth(device, nbytes: int = 2 ** 30, repeats: int = 10) -> float:
     return 2 * nbytes / seconds  # the 2 GiB are freed on return, before the model's timings
 
 
+@torch.no_grad()
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -230,15 +237,28 @@ def main(argv=None):
     for compiled in kinds:
         kind = "compiled" if compiled else "eager"
         target.compile_step(compiled, **({"mode": args.compile_mode} if compiled else {}))
-        compile_s = 0.0
+        compile_s = steps_compile_s = 0.0
         if compiled:
             t0 = time.perf_counter()
-            target.precompile(prefix, layout.num_tokens, args.windows)
+            target.precompile(prefix, layout.num_tokens, args.windows)  # the bare forwards of the cost table
             synchronize(device)
             compile_s = time.perf_counter() - t0
+            # the decode's own step graphs: the rule and the constraints run inside them
+            t0, constraints = time.perf_counter(), layout.constraints(target.vocab_size)
+            precompile_decode(target, prefix, layout.num_tokens, sampling, [1], drafts=False,
+                              constraints=constraints)
+            for w in args.sjd_windows:
+                precompile_decode(target, prefix, layout.num_tokens, sampling,
+                                  args.windows if w == "auto" else [int(w)], drafts=True, auto=w == "auto",
+                                  drafter=jacobi_drafter(target, layout), constraints=constraints)
+            synchronize(device)
+            steps_compile_s = time.perf_counter() - t0
+            target.prefill(prefix, layout.num_tokens)  # precompiling leaves junk in the cache
         costs = measure_window_costs(target, prefix, layout.num_tokens, args.windows, repeats=args.repeats)
-        steps[kind] = dict(compile_s=compile_s, window_costs_ms={w: 1e3 * c for w, c in costs.items()})
-        print(f"\n{kind} step (compiling its windows took {compile_s:.0f} s)\n")
+        steps[kind] = dict(compile_s=compile_s, steps_compile_s=steps_compile_s,
+                           window_costs_ms={w: 1e3 * c for w, c in costs.items()})
+        print(f"\n{kind} step (compiling its bare windows took {compile_s:.0f} s, the decode's steps "
+              f"{steps[kind]['steps_compile_s']:.0f} s)\n")
         print("| W | ms / forward | x W=1 | x bandwidth limit |\n| ---: | ---: | ---: | ---: |")
         for w, c in costs.items():
             print(f"| {w} | {1e3 * c:.2f} | {c / costs[1]:.2f} | {1e3 * c / limit_ms:.2f} |", flush=True)

@@ -2,6 +2,7 @@
 
     python benchmarks/step_overhead.py                       # shapes model, batch 1, 4 and 16
     python benchmarks/step_overhead.py --batch-sizes 1 --modes ar sjd --images 8
+    python benchmarks/step_overhead.py --device cuda --batch-sizes 1 16 --window 8    # one window to compile
     python benchmarks/step_overhead.py --model shapes-lumina               # the Lumina-layout model
     python benchmarks/step_overhead.py --model shapes-any-order --modes ar assd
 
@@ -200,6 +201,9 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["ar", "sjd"])
     parser.add_argument("--images", type=int, default=8,
                         help="images per mode and batch size (rounded up to whole calls of the batch size)")
+    parser.add_argument("--window", default=None,
+                        help="the window of the modes that draft (default: the pipeline's own, 'auto'), e.g. 8: "
+                             "one window to compile where each costs a compile, as CUDA graphs do")
     add_device_option(parser)
     args = parser.parse_args(argv)
     folder = shipped_or_path(args.model) if args.model else default_model()[0]
@@ -214,7 +218,10 @@ def main(argv=None) -> int:
         images = -(-args.images // batch) * batch  # whole calls only: a smaller last call would measure its tables
         prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(images)]
         for mode in [m + suffix for m in args.modes for suffix in ("", "+compiled")]:
-            calls = timed_calls(pipe, prompts, batch, type(pipe).bench_mode(mode), device)
+            settings = type(pipe).bench_mode(mode)
+            if args.window is not None and settings.get("decoding", "ar") != "ar":
+                settings["window"] = args.window if args.window == "auto" else int(args.window)
+            calls = timed_calls(pipe, prompts, batch, settings, device)
             seconds, bare = (sum(c[i] for c in calls) for i in (1, 2))
             step_s, prefill_s, forward_s, steps = (sum(getattr(c[0], name) for c in calls)
                                                    for name in ("step_s", "prefill_s", "forward_s", "forwards"))
