@@ -4,6 +4,7 @@
     python benchmarks/browser_fps.py --sessions 3 --speculate 1,2,3,4
     python benchmarks/browser_fps.py --sessions 1,3 --compile off,on
     python benchmarks/browser_fps.py --sessions 3 --dtype float32,bfloat16
+    python benchmarks/browser_fps.py --sessions 3 --guard on,off,on,off
 
 Starts the app (``app.py``) on a free local port, opens ``sessions`` pages in headless Chromium
 (Playwright; each page has its own browser context, hence its own world), presses Play and holds
@@ -35,7 +36,8 @@ def open_video_tab(page, url: str, timeout_ms: int = 60_000) -> None:
 
 
 def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, world=None, seed: int = 0,
-                          threads: int = 1, speculate: int = 4, compiled: bool = False, dtype: str = "auto") -> dict:
+                          threads: int = 1, speculate: int = 3, compiled: bool = False, dtype: str = "auto",
+                          guard: bool = True) -> dict:
     import random
 
     import torch
@@ -52,7 +54,7 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
     torch.set_num_threads(threads)  # as `python app.py` does by default
     if compiled:  # as `python app.py` does unless --no-compile
         world_pipe.compile_worlds(speculate)
-    application = app.build_app(load_pipeline(model), world_pipe, speculate=speculate)
+    application = app.build_app(load_pipeline(model), world_pipe, speculate=speculate, guard=guard)
     rng = random.Random(seed)
     results = {}
     with serve(application) as url, sync_playwright() as p:
@@ -78,11 +80,11 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
                 c.close()
             time.sleep(1.0)
         browser.close()
-    return {"seconds": seconds, "torch_threads": threads, "speculate": speculate, "compiled": compiled,
+    return {"seconds": seconds, "torch_threads": threads, "speculate": speculate, "compiled": compiled, "guard": guard,
             "dtype": dtype_name(world_pipe.transformer.dtype), "results": results}
 
 
-def one_process(args, dtype: str, speculate: str, compile: str) -> dict:
+def one_process(args, dtype: str, speculate: str, compile: str, guard: str) -> dict:
     """One setting's run, in a new process with the other options as given."""
     import subprocess
     import tempfile
@@ -91,7 +93,7 @@ def one_process(args, dtype: str, speculate: str, compile: str) -> dict:
         out = Path(tmp) / "run.json"
         command = [sys.executable, __file__, "--sessions", args.sessions, "--seconds", str(args.seconds),
                    "--threads", str(args.threads), "--speculate", speculate, "--compile", compile, "--dtype", dtype,
-                   "--json", str(out)]
+                   "--guard", guard, "--json", str(out)]
         for option in ("model", "world"):
             if getattr(args, option):
                 command += [f"--{option}", getattr(args, option)]
@@ -106,20 +108,24 @@ def main(argv=None):
     parser.add_argument("--model", help="image pipeline folder (default: the shipped shapes model)")
     parser.add_argument("--world", help="video pipeline folder (default: assets/arena-nfd)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per frame generation (the app's default)")
-    parser.add_argument("--speculate", default="4", help="comma-separated: frames the app speculates ahead, one run each")
+    parser.add_argument("--speculate", default="3", help="comma-separated: frames the app speculates ahead (its "
+                                                          "default: 3), one run each")
     parser.add_argument("--compile", default="on", help="comma-separated: on (the app's default), off; one run each")
     parser.add_argument("--dtype", default="auto", help="comma-separated: the world's float type (auto, the app's "
                                                        "default; float32; bfloat16); one run each")
+    parser.add_argument("--guard", default="on", help="comma-separated: on (the app's default: frames generated "
+                                                       "ahead that lost the ball refused), off; one run each")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    settings = [(d, k, c) for d in args.dtype.split(",") for k in args.speculate.split(",")
-                for c in args.compile.split(",")]
+    settings = [(d, k, c, g) for d in args.dtype.split(",") for k in args.speculate.split(",")
+                for c in args.compile.split(",") for g in args.guard.split(",")]
     if len(settings) == 1:
-        d, k, c = settings[0]
+        d, k, c, g = settings[0]
         result = run_browser_benchmark([int(n) for n in args.sessions.split(",")], args.seconds, args.model,
-                                       args.world, threads=args.threads, speculate=int(k), compiled=c == "on", dtype=d)
+                                       args.world, threads=args.threads, speculate=int(k), compiled=c == "on", dtype=d,
+                                       guard=g == "on")
     else:  # each setting in a process of its own: a server's worlds may still step, in its threads, after it
-        result = [one_process(args, d, k, c) for d, k, c in settings]
+        result = [one_process(args, d, k, c, g) for d, k, c, g in settings]
     text = json.dumps(result, indent=1)
     if args.json:
         Path(args.json).write_text(text + "\n")

@@ -108,7 +108,7 @@ class NextFramePipeline(VisualSpecPipeline):
             raise ValueError("this pipeline has no teacher (undistilled) model")
         return self.teacher, "flow"
 
-    def _session(self, seed, generator, steps, speculate, use_teacher) -> ArenaSession:
+    def _session(self, seed, generator, steps, speculate, use_teacher, guard=True) -> ArenaSession:
         model, sampler = self._model(use_teacher)
         if steps is None:
             steps = self.config.default_teacher_steps if use_teacher else self.config.default_steps
@@ -125,7 +125,8 @@ class NextFramePipeline(VisualSpecPipeline):
         generator = make_generator(seed, generator, device="cpu")
         session = WorldSession(model, self.decode_latents, (latents, acts), steps=steps, sampler=sampler,
                                speculate=speculate, context_noise=self.config.context_noise,
-                               generator=generator, action_index=arena.action_index)
+                               generator=generator, action_index=arena.action_index,
+                               keep=arena.keeps_ball if guard else None)
         return ArenaSession(session, opening)
 
     # ------------------------------------------------------------------ API
@@ -146,19 +147,24 @@ class NextFramePipeline(VisualSpecPipeline):
             self.autoencoder.precompile([b * speculate for b in batch_sizes], self.transformer.config.latent_size)
 
     def interactive(self, seed: int | None = None, generator=None, steps: int | None = None, speculate: int = 4,
-                    use_teacher: bool = False) -> ArenaSession:
-        """A live world for one player; ``session.step(action)`` returns each next frame."""
-        return self._session(seed, generator, steps, speculate, use_teacher)
+                    use_teacher: bool = False, guard: bool = True) -> ArenaSession:
+        """A live world for one player; ``session.step(action)`` returns each next frame (``guard``:
+        as :meth:`__call__`)."""
+        return self._session(seed, generator, steps, speculate, use_teacher, guard)
 
     @torch.no_grad()
     def __call__(self, actions=None, num_frames: int | None = None, seed: int | None = None, generator=None,
-                 steps: int | None = None, speculate: int = 1, use_teacher: bool = False, output_type: str = "np",
-                 return_dict: bool = True):
+                 steps: int | None = None, speculate: int = 1, use_teacher: bool = False, guard: bool = True,
+                 output_type: str = "np", return_dict: bool = True):
         """Generate ``num_frames`` frames open loop under ``actions`` (names or indices of
         ``arena.ACTIONS``; random persistent key presses from ``seed`` when not given).
 
         ``steps``: sampling steps (default 1 for the distilled model, 8 for ``use_teacher=True``);
-        ``speculate``: frames generated together while the action persists (1 = off).
+        ``speculate``: frames generated together while the action persists (1 = off); ``guard`` (the
+        default): a frame generated ahead that lost the ball its block's first frame shows is not
+        shown, and the world regenerates from the last frame shown
+        (:func:`visualspec.worlds.arena.keeps_ball`; the stats count such frames as ``refused``);
+        ``guard=False`` speculates as NFD does, unchecked.
         """
         self.check_inputs(actions, num_frames, output_type)
         if actions is None:
@@ -170,7 +176,7 @@ class NextFramePipeline(VisualSpecPipeline):
             raise ValueError(f"got {len(actions)} actions for num_frames={num_frames}")
         if num_frames < 1:
             raise ValueError("num_frames must be >= 1 (the action list is empty)")
-        session = self._session(seed, generator, steps, speculate, use_teacher)
+        session = self._session(seed, generator, steps, speculate, use_teacher, guard)
         frames = [session.step(a) for a in self.progress_bar(actions)]
         if output_type == "pil":
             from PIL import Image

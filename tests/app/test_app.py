@@ -136,15 +136,17 @@ def test_app_binds_to_localhost_by_default(monkeypatch, torch_threads):
     import uvicorn
 
     served = {}
-    monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate: "the app")
+    monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate, guard: served.update(guard=guard) or "the app")
     monkeypatch.setattr(app, "load_pipeline", lambda model: None)
     monkeypatch.setattr(app, "load_world", lambda folder, dtype: None)
     monkeypatch.setattr(uvicorn, "run", lambda application, **kw: served.update(kw, app=application))
     app.main([])
-    assert served["host"] == "127.0.0.1" and served["app"] == "the app"
+    assert served["host"] == "127.0.0.1" and served["app"] == "the app" and served["guard"] is True
     assert served["ws_per_message_deflate"] is False  # frames go uncompressed (UVICORN_OPTIONS)
     app.main(["--host", "0.0.0.0", "--port", "9000"])
     assert served["host"] == "0.0.0.0" and served["port"] == 9000
+    app.main(["--no-guard"])  # the worlds' speculation unguarded, as NFD's
+    assert served["guard"] is False
 
 
 def test_visualspec_app_has_the_options_of_python_app_py(capsys, torch_threads):
@@ -285,7 +287,7 @@ def test_an_app_whose_world_cannot_compile_plays_eagerly_and_says_so(monkeypatch
     dtypes = []
     monkeypatch.setattr(app, "load_world", lambda folder, dtype: dtypes.append(dtype) or World())
     monkeypatch.setattr(app, "load_pipeline", lambda model: None)
-    monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate: world)
+    monkeypatch.setattr(app, "build_app", lambda pipe, world, speculate, guard: world)
     parser = argparse.ArgumentParser()
     add_options(parser)
     assert isinstance(app.app_from_options(parser.parse_args(["--speculate", "2"])), World)

@@ -19,3 +19,15 @@ def test_dtype_options_resolve_and_auto_follows_the_measured_speed(monkeypatch):
 def test_the_bfloat16_speed_is_measured_once_a_process():
     first = precision.bfloat16_speedup_on_cpu()
     assert first > 0 and precision.bfloat16_speedup_on_cpu() == first
+
+
+def test_measuring_the_bfloat16_speed_leaves_torch_threads_as_they_were():
+    import torch
+
+    before = torch.get_num_threads()
+    precision.bfloat16_speedup_on_cpu.cache_clear()
+    try:
+        torch.set_num_threads(2)
+        assert precision.bfloat16_speedup_on_cpu(size=64, repeats=2) > 0 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

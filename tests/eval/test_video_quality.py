@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from visualspec.eval.video import rollout_player_error, simulator_rollout
+from visualspec.video import VideoStats
 from visualspec.worlds import arena
 
 
@@ -24,7 +25,7 @@ class SimulatorAsModel:
                 x, y = state.ball
                 frame[y:y + arena.BALL_SIZE, x:x + arena.BALL_SIZE] = arena.BACKGROUND
             frames.append(frame)
-        return SimpleNamespace(frames=frames)
+        return SimpleNamespace(frames=frames, stats=VideoStats(frames=len(frames)))
 
 
 def test_the_simulator_itself_never_loses_player_or_ball():

@@ -144,6 +144,39 @@ def test_speculation_off_generates_one_frame_per_call():
         WorldSession(model, list, (torch.zeros(1, 1, 2, 4, 4), torch.tensor([[5]])), speculate=9)
 
 
+@pytest.mark.parametrize("refuse", ["frame2", None], ids=["a frame refused", "control: none refused"])
+def test_a_check_on_frames_generated_ahead_cuts_the_block_and_the_world_regenerates(refuse):
+    model = OracleModel(torch.zeros(2, 4, 4))
+    first = (torch.zeros(1, 2, 2, 4, 4), torch.tensor([[5, 0]]))
+    checked = []
+
+    def keep(first_frame, frame):
+        checked.append(first_frame)
+        return frame != refuse
+
+    session = WorldSession(model, lambda z: [f"frame{i}" for i in range(len(z))], first, steps=1,
+                           sampler="consistency", speculate=4, action_index=arena.action_index, keep=keep)
+    shown = [session.step("right") for _ in range(6)]
+    s = session.stats
+    if refuse:  # each block of 4 shows frame0 and frame1; frame2 is refused, frame3 with it
+        assert shown == ["frame0", "frame1"] * 3 and s.generation_calls == 3
+        assert (s.speculated, s.refused, s.hits, s.discarded) == (3, 6, 3, 0) and s.hit_rate == 3 / 9
+        assert [c[1] for c in model.calls] == [2, 2, 2]  # each generation commits the frames shown since the last
+    else:
+        assert shown == ["frame0", "frame1", "frame2", "frame3", "frame0", "frame1"] and s.generation_calls == 2
+        assert (s.speculated, s.refused, s.hits) == (6, 0, 4)
+    assert checked and set(checked) == {"frame0"}  # each frame is checked against its block's first
+
+
+def test_a_frame_generated_ahead_keeps_the_ball_its_first_frame_shows():
+    frame = arena.render(arena.reset(np.random.default_rng(0)))
+    lost = frame.copy()
+    lost[np.all(frame == np.array(arena.BALL_COLOR, dtype=frame.dtype), axis=-1)] = arena.BACKGROUND
+    assert arena.detect_ball(frame) is not None and arena.detect_ball(lost) is None
+    assert arena.keeps_ball(frame, frame) and not arena.keeps_ball(frame, lost)
+    assert arena.keeps_ball(lost, lost) and arena.keeps_ball(lost, frame)  # no ball to lose: nothing refused
+
+
 @pytest.fixture(scope="module")
 def pipe():
     torch.manual_seed(0)
@@ -165,6 +198,21 @@ def test_pipeline_generates_frames_with_stats(pipe):
     assert pt.frames.shape == (3, 3, 64, 64) and pt.stats.model_forwards == 6
     pil = pipe(num_frames=2, seed=1, output_type="pil")
     assert pil.frames[0].size == (64, 64)
+
+
+def test_the_pipeline_guards_its_speculation_where_asked(pipe, monkeypatch):
+    monkeypatch.setattr(arena, "keeps_ball", lambda first, frame: False)  # refuse every frame generated ahead
+    actions = ["right"] * 6
+    guarded = pipe(actions=actions, seed=0, speculate=3).stats  # guarded by default
+    assert guarded.frames == 6 and guarded.generation_calls == 6 and guarded.refused == 12 and guarded.hits == 0
+    plain = pipe(actions=actions, seed=0, speculate=3, guard=False).stats  # the control: the same call unguarded
+    assert plain.generation_calls == 2 and plain.refused == 0 and plain.hits == 4
+    world = pipe.interactive(seed=0, speculate=3)
+    [world.step("left") for _ in range(3)]
+    assert world.stats.refused == 6
+    world = pipe.interactive(seed=0, speculate=3, guard=False)
+    [world.step("left") for _ in range(3)]
+    assert world.stats.refused == 0 and world.stats.hits == 2
 
 
 def test_interactive_session_steps_frames(pipe):

@@ -18,27 +18,34 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 @functools.lru_cache(maxsize=None)
-def bfloat16_speedup_on_cpu(size: int = 256, repeats: int = 5) -> float:
+def bfloat16_speedup_on_cpu(size: int = 256, repeats: int = 20) -> float:
     """A float32 (size x size) matrix product's best time over a bfloat16 one's, on this CPU.
 
     ``t_float32 / t_bfloat16``: above 1 on CPUs with bfloat16 instructions (AMX: 2.4 for 256 on the
     project's Xeon, one thread), far below on AVX2-only CPUs, which have no bfloat16 kernels (0.002
     on a 2-core AMD EPYC: 0.28 against 146 GFLOP/s). Measured once a process, after an untimed
-    product of each type.
+    product of each type, on one thread, the two types alternated ``repeats`` times: a busy core
+    (a browser, another server) once made five products on two threads read below 1.5 on the
+    Xeon, and the app then ran in float32 (docs/experiments/2026-11-29-arena-speculation-guard.md).
     """
     import torch
 
-    def best_seconds(dtype):
-        a = torch.randn(size, size).to(dtype)
-        a @ a  # untimed: a first product sets up its kernel (oneDNN's, for bfloat16)
-        times = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = {dtype: torch.randn(size, size).to(dtype) for dtype in (torch.float32, torch.bfloat16)}
+        best = {}
+        for dtype, x in a.items():
+            x @ x  # untimed: a first product sets up its kernel (oneDNN's, for bfloat16)
+            best[dtype] = float("inf")
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ a
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    return best_seconds(torch.float32) / best_seconds(torch.bfloat16)
+            for dtype, x in a.items():
+                t0 = time.perf_counter()
+                x @ x
+                best[dtype] = min(best[dtype], time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return best[torch.float32] / best[torch.bfloat16]
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu", fast: float = 1.5) -> torch.dtype:

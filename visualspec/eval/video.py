@@ -72,14 +72,19 @@ def _finite(x) -> float | None:
 
 @torch.no_grad()
 def rollout_player_error(pipe, episodes: int = 8, frames: int = 60, tolerance: float = 2.0, steps: int | None = None,
-                         use_teacher: bool = False, speculate: int = 1, seed: int = HELD_OUT_SEED) -> dict:
+                         use_teacher: bool = False, speculate: int = 1, seed: int = HELD_OUT_SEED,
+                         guard: bool = True) -> dict:
     """Open-loop rollouts: how far the detected player is from the simulator's, frame by frame, and
     in how many frames the ball is missing (``ball_not_found``, its share, and the longest run of
-    consecutive frames without it in one episode)."""
-    errors, missing, no_ball, longest = [], 0, 0, 0
+    consecutive frames without it in one episode). ``guard``: the pipeline's (frames generated ahead
+    that lost the ball refused; the default), with the share of such frames it refused."""
+    errors, missing, no_ball, longest, refused, ahead = [], 0, 0, 0, 0, 0
     for e in range(episodes):
         actions = arena.random_actions(np.random.default_rng([seed + e, 2]), frames)
-        out = pipe(actions=list(actions), seed=seed + e, steps=steps, use_teacher=use_teacher, speculate=speculate)
+        out = pipe(actions=list(actions), seed=seed + e, steps=steps, use_teacher=use_teacher, speculate=speculate,
+                   guard=guard)
+        refused += out.stats.refused
+        ahead += out.stats.refused + out.stats.speculated
         truth = simulator_rollout(seed + e, actions, pipe.config.opening_frames)
         row, run = [], 0
         for frame, state in zip(out.frames, truth):
@@ -95,7 +100,8 @@ def rollout_player_error(pipe, episodes: int = 8, frames: int = 60, tolerance: f
         errors.append(row)
     err = np.array(errors)
     return {
-        "model": "teacher" if use_teacher else "distilled", "speculate": speculate,
+        "model": "teacher" if use_teacher else "distilled", "speculate": speculate, "guard": guard,
+        "refused_share": refused / ahead if ahead else None,
         "steps": steps or (pipe.config.default_teacher_steps if use_teacher else pipe.config.default_steps),
         "episodes": episodes, "frames": frames, "tolerance_px": tolerance,
         "frames_within_tolerance": float(np.mean(err <= tolerance)),

@@ -173,10 +173,10 @@ class ArenaServer:
     twice a second, a JSON text message with the session's statistics.
     """
 
-    def __init__(self, pipe, fps: float = 30.0, speculate: int = 4, workers: int | None = None):
+    def __init__(self, pipe, fps: float = 30.0, speculate: int = 3, workers: int | None = None, guard: bool = True):
         from visualspec.worlds import arena
 
-        self.pipe, self.fps, self.speculate = pipe, fps, speculate
+        self.pipe, self.fps, self.speculate, self.guard = pipe, fps, speculate, guard
         self.actions = set(arena.ACTIONS)
         self.executor = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1)
         self.active = 0  # open worlds
@@ -184,7 +184,8 @@ class ArenaServer:
     async def play(self, websocket: WebSocket) -> None:
         await websocket.accept()
         loop = asyncio.get_running_loop()
-        session = self.pipe.interactive(seed=int.from_bytes(os.urandom(4), "little"), speculate=self.speculate)
+        session = self.pipe.interactive(seed=int.from_bytes(os.urandom(4), "little"), speculate=self.speculate,
+                                        guard=self.guard)
         held = {"action": "none"}
         self.active += 1
 
@@ -354,14 +355,15 @@ def build_demo(pipe, world=None):
     return demo
 
 
-def build_app(pipe, world=None, fps: float = 30.0, speculate: int = 4):
-    """The FastAPI app: Gradio at ``/`` plus the world's WebSocket at ``/arena/ws``."""
+def build_app(pipe, world=None, fps: float = 30.0, speculate: int = 3, guard: bool = True):
+    """The FastAPI app: Gradio at ``/`` plus the world's WebSocket at ``/arena/ws`` (``speculate``,
+    ``guard``: its worlds', :meth:`~visualspec.pipelines.NextFramePipeline.interactive`)."""
     import gradio as gr
     from fastapi import FastAPI
 
     app = FastAPI()
     if world is not None:
-        server = ArenaServer(world, fps=fps, speculate=speculate)
+        server = ArenaServer(world, fps=fps, speculate=speculate, guard=guard)
         app.add_api_websocket_route("/arena/ws", server.play)
         app.state.arena = server
     return gr.mount_gradio_app(app, build_demo(pipe, world), path="/", head=ARENA_JS)
@@ -392,7 +394,7 @@ def app_from_options(args):
         except RuntimeError as e:  # no C++ compiler, an unsupported device: play eagerly, and say so
             world.compile_worlds(args.speculate, enabled=False)
             print(f"warning: the world plays eagerly: {e}", file=sys.stderr)
-    return build_app(load_pipeline(args.model), world, speculate=args.speculate)
+    return build_app(load_pipeline(args.model), world, speculate=args.speculate, guard=args.guard)
 
 
 def serve_forever(application, host: str, port: int) -> None:

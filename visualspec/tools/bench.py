@@ -186,13 +186,16 @@ def format_table(results: dict) -> str:
 # ------------------------------------------------------------------------------------ video
 
 VIDEO_CONFIGS = {
-    # name: (use_teacher, steps, speculate, compiled: the world's step and decoder, NextFramePipeline.compile_worlds)
-    "teacher, 8 Euler steps": (True, 8, 1, False),
-    "distilled, 4 steps": (False, 4, 1, False),
-    "distilled, 1 step": (False, 1, 1, False),
-    "distilled, 1 step, speculate 4": (False, 1, 4, False),
-    "distilled, 1 step, compiled": (False, 1, 1, True),
-    "distilled, 1 step, speculate 4, compiled": (False, 1, 4, True),
+    # name: (use_teacher, steps, speculate, compiled: the world's step and decoder, NextFramePipeline.compile_worlds,
+    #        guard: frames generated ahead that lost the ball refused, the pipeline's default)
+    "teacher, 8 Euler steps": (True, 8, 1, False, True),
+    "distilled, 4 steps": (False, 4, 1, False, True),
+    "distilled, 1 step": (False, 1, 1, False, True),
+    "distilled, 1 step, speculate 4": (False, 1, 4, False, True),
+    "distilled, 1 step, speculate 4, unguarded": (False, 1, 4, False, False),
+    "distilled, 1 step, compiled": (False, 1, 1, True, True),
+    "distilled, 1 step, speculate 4, compiled": (False, 1, 4, True, True),
+    "distilled, 1 step, speculate 4, compiled, unguarded": (False, 1, 4, True, False),
 }
 
 
@@ -211,17 +214,18 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
     actions = list(arena.random_actions(np.random.default_rng([seed, 3]), frames, persistence))
     bar = tqdm(total=len(configs) * (rounds + 1), desc="bench-video (warm-up, then rounds)", disable=not progress)
     first_call = {}
-    for name, (use_teacher, steps, speculate, compiled) in configs.items():  # warm-up
+    for name, (use_teacher, steps, speculate, compiled, guard) in configs.items():  # warm-up
         t0 = time.perf_counter()
         pipe.compile_worlds(speculate, enabled=compiled)
-        pipe(actions=actions[:8], seed=seed, use_teacher=use_teacher, steps=steps, speculate=speculate)
+        pipe(actions=actions[:8], seed=seed, use_teacher=use_teacher, steps=steps, speculate=speculate, guard=guard)
         first_call[name] = time.perf_counter() - t0
         bar.update()
     runs = {name: [] for name in configs}
     for r in range(rounds):
-        for name, (use_teacher, steps, speculate, compiled) in configs.items():
+        for name, (use_teacher, steps, speculate, compiled, guard) in configs.items():
             pipe.compile_worlds(speculate, enabled=compiled)
-            out = pipe(actions=actions, seed=seed + r, use_teacher=use_teacher, steps=steps, speculate=speculate)
+            out = pipe(actions=actions, seed=seed + r, use_teacher=use_teacher, steps=steps, speculate=speculate,
+                       guard=guard)
             runs[name].append(out.stats)
             bar.update()
     bar.close()
@@ -231,7 +235,7 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
         seconds = sum(s.seconds for s in stats)
         fps = sum(s.frames for s in stats) / seconds
         base = base or fps
-        hits, discarded = sum(s.hits for s in stats), sum(s.discarded for s in stats)
+        hits, discarded = sum(s.hits for s in stats), sum(s.discarded + s.refused for s in stats)
         results[name] = {
             "fps": round(fps, 1), "ms_per_frame": round(1000 / fps, 2), "speedup": round(fps / base, 2),
             "forwards_per_frame": round(sum(s.model_forwards for s in stats) / sum(s.frames for s in stats), 3),
@@ -246,12 +250,15 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
 
 
 def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3, seed: int = 0,
-                          speculate: tuple = (1, 4), persistence: float = 0.9, progress: bool = False) -> dict:
+                          speculate: tuple = (1, 4), persistence: float = 0.9, progress: bool = False,
+                          guards: tuple = (True,)) -> dict:
     """Several players' worlds (the app's case): frames per second each world gets when all are
     stepped together (:meth:`ArenaSession.step_together`, one batched generation per frame) and
     when they are stepped one after another (a world at a time, as a server without batching
     would), interleaved round by round; each player holds keys of its own script. ``progress``: a
-    bar on stderr advancing once per play (warm-ups included)."""
+    bar on stderr advancing once per play (warm-ups included). ``guards``: the worlds' guard on their
+    speculation (:meth:`NextFramePipeline.interactive`), each speculating setting played with each,
+    in the same rounds; speculate 1 has nothing to guard."""
     from tqdm.auto import tqdm
 
     from ..core.window_costs import machine_name
@@ -261,8 +268,10 @@ def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3
     scripts = [list(arena.random_actions(np.random.default_rng([seed, 4, p]), frames, persistence))
                for p in range(players)]
 
-    def play(k: int, together: bool, r: int, length: int) -> float:
-        worlds = [pipe.interactive(seed=seed + 100 * r + p, speculate=k) for p in range(players)]
+    settings = [(k, guard) for k in speculate for guard in (guards if k > 1 else guards[:1])]
+
+    def play(k: int, guard: bool, together: bool, r: int, length: int) -> float:
+        worlds = [pipe.interactive(seed=seed + 100 * r + p, speculate=k, guard=guard) for p in range(players)]
         start = time.perf_counter()
         for t in range(length):
             keys = [script[t] for script in scripts]
@@ -273,26 +282,27 @@ def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3
                     world.step(key)
         return time.perf_counter() - start
 
-    bar = tqdm(total=2 * len(speculate) * (rounds + 1), desc=f"bench-video --players {players}",
+    bar = tqdm(total=2 * len(settings) * (rounds + 1), desc=f"bench-video --players {players}",
                disable=not progress)
-    for k in speculate:  # warm-up
+    for k, guard in settings:  # warm-up
         for together in (True, False):
-            play(k, together, 0, min(8, frames))
+            play(k, guard, together, 0, min(8, frames))
             bar.update()
-    seconds = {(k, together): 0.0 for k in speculate for together in (False, True)}
+    seconds = {(k, guard, together): 0.0 for k, guard in settings for together in (False, True)}
     for r in range(rounds):
-        for k, together in seconds:
-            seconds[k, together] += play(k, together, r, frames)
+        for k, guard, together in seconds:
+            seconds[k, guard, together] += play(k, guard, together, r, frames)
             bar.update()
     bar.close()
     results = {}
-    for k in speculate:
-        alone, batched = (rounds * frames / seconds[k, together] for together in (False, True))
-        results[f"speculate {k}"] = {"fps_per_world_one_after_another": round(alone, 1),
-                                     "fps_per_world_together": round(batched, 1), "speedup": round(batched / alone, 2)}
-    lines = [f"{players} worlds{'':<14}{'FPS each, one by one':>22}{'FPS each, together':>20}{'speedup':>9}"]
+    for k, guard in settings:
+        alone, batched = (rounds * frames / seconds[k, guard, together] for together in (False, True))
+        name = f"speculate {k}" + (", unguarded" if k > 1 and not guard else "")
+        results[name] = {"fps_per_world_one_after_another": round(alone, 1),
+                         "fps_per_world_together": round(batched, 1), "speedup": round(batched / alone, 2)}
+    lines = [f"{players} worlds{'':<24}{'FPS each, one by one':>22}{'FPS each, together':>20}{'speedup':>9}"]
     for name, r in results.items():
-        lines.append(f"{name:<23}{r['fps_per_world_one_after_another']:>22.1f}{r['fps_per_world_together']:>20.1f}"
+        lines.append(f"{name:<33}{r['fps_per_world_one_after_another']:>22.1f}{r['fps_per_world_together']:>20.1f}"
                      f"{r['speedup']:>9.2f}")
     return {"players": players, "frames": frames, "rounds": rounds, "persistence": persistence,
             "machine": {"cpu": machine_name(torch.device("cpu")), "threads": torch.get_num_threads(),
@@ -301,11 +311,11 @@ def run_players_benchmark(pipe, players: int, frames: int = 300, rounds: int = 3
 
 
 def format_video_table(results: dict) -> str:
-    lines = [f"{'configuration':<42}{'FPS':>8}{'ms/frame':>10}{'speedup':>9}{'fwd/frame':>11}{'hit rate':>10}"
+    lines = [f"{'configuration':<52}{'FPS':>8}{'ms/frame':>10}{'speedup':>9}{'fwd/frame':>11}{'hit rate':>10}"
              f"{'first call s':>14}"]
     for name, r in results.items():
         hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.2f}"
         first = "-" if r.get("first_call_s") is None else f"{r['first_call_s']:.1f}"
-        lines.append(f"{name:<42}{r['fps']:>8.1f}{r['ms_per_frame']:>10.2f}{r['speedup']:>9.2f}"
+        lines.append(f"{name:<52}{r['fps']:>8.1f}{r['ms_per_frame']:>10.2f}{r['speedup']:>9.2f}"
                      f"{r['forwards_per_frame']:>11.2f}{hit:>10}{first:>14}")
     return "\n".join(lines)

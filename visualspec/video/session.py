@@ -13,10 +13,14 @@ and the actions that led to each frame. Two samplers share one loop, :func:`deno
 Speculation (NFD): people hold keys, so the next action usually equals the current one. While it
 does, :class:`WorldSession` denoises the next ``speculate`` frames *together* (one block, as if the
 action persists) and shows them one by one; when the action changes the unseen ones are discarded
-and the world regenerates from the last frame shown. There is no quality check: a speculative
-frame is exactly what the model would produce for that action sequence from its own earlier
-samples, so a hit costs nothing in fidelity beyond joint (rather than one-by-one) denoising, which
-the model is trained for (every frame of a training sequence has its own noise level).
+and the world regenerates from the last frame shown. A speculative frame is what the model would
+produce for that action sequence from its own earlier samples, denoised jointly with the block
+rather than one by one (every frame of a training sequence has its own noise level, so the model
+is trained for it), and that costs what the model loses further from its context: the arena's
+ball, most. The block's first frame sees only itself and the past (block-causal attention), so it
+is the frame a world without speculation draws. A session may therefore check each later frame
+against it (``keep``; NFD checks nothing) and cut the block before the first it refuses: the
+world regenerates from the last frame shown, as after a changed action.
 """
 
 from __future__ import annotations
@@ -87,7 +91,8 @@ class VideoStats:
     - ``frames``: frames shown; ``model_forwards``: transformer forward passes;
     - ``speculated``: frames generated ahead under the assumption that the action persists (the
       first frame of each block is not counted: it was asked for); ``hits``: of those, frames
-      shown; ``discarded``: frames thrown away because the action changed.
+      shown; ``discarded``: frames thrown away because the action changed; ``refused``: frames
+      generated ahead that the session's check refused (not counted in ``speculated``).
     """
 
     frames: int = 0
@@ -96,13 +101,15 @@ class VideoStats:
     speculated: int = 0
     hits: int = 0
     discarded: int = 0
+    refused: int = 0
     seconds: float = 0.0
     frame_seconds: list[float] = field(default_factory=list, repr=False)
 
     @property
     def hit_rate(self) -> float:
-        """Fraction of speculative frames that were shown (NaN before any speculation)."""
-        decided = self.hits + self.discarded
+        """Fraction of speculative frames that were shown, of those shown, discarded or refused (NaN
+        before any speculation)."""
+        decided = self.hits + self.discarded + self.refused
         return self.hits / decided if decided else float("nan")
 
     @property
@@ -121,12 +128,16 @@ class WorldSession:
     persists.
 
     ``decode`` maps latents (N, C, h, w) to displayable frames (a list of N). ``first`` is the
-    initial context: latents (1, P, C, h, w) and the actions that led to them (1, P).
+    initial context: latents (1, P, C, h, w) and the actions that led to them (1, P). ``keep``
+    (optional) is ``keep(first_frame, frame) -> bool``: whether a frame generated ahead may be shown,
+    given its block's first frame (e.g. :func:`visualspec.worlds.arena.keeps_ball`); a block is cut
+    before the first frame it refuses.
     """
 
     def __init__(self, model, decode: Callable, first: tuple[torch.Tensor, torch.Tensor], steps: int = 1,
                  sampler: str = "consistency", speculate: int = 1, context_noise: float = 0.0,
-                 generator: Generator = None, action_index: Callable[[object], int] = int):
+                 generator: Generator = None, action_index: Callable[[object], int] = int,
+                 keep: Callable[[object, object], bool] | None = None):
         check_positive_int("speculate (1 = off)", speculate)
         if speculate > model.config.context_frames:
             raise ValueError(f"speculate must be at most the model's context_frames "
@@ -135,6 +146,7 @@ class WorldSession:
         self.model, self.decode = model, decode
         self.steps, self.sampler, self.speculate = steps, sampler, speculate
         self.context_noise, self.generator, self.action_index = context_noise, generator, action_index
+        self.keep = keep
         self.cache = model.new_cache()
         self.pending_latents, self.pending_actions = first  # shown, not yet in the cache
         self.buffer: list[tuple[torch.Tensor, object]] = []  # (latent (1, C, h, w), frame) ahead
@@ -173,6 +185,15 @@ class WorldSession:
         return (id(self.model), self.decode, self.cache.frames, self.pending_latents.shape[1], self.speculate,
                 self.steps, self.sampler, self.context_noise)
 
+    def _shown_ahead(self, frames: list) -> int:
+        """How many of a block's ``frames`` may be shown: all, or those before the first frame after
+        the block's first that :attr:`keep` refuses."""
+        if self.keep is not None:
+            for i in range(1, len(frames)):
+                if not self.keep(frames[0], frames[i]):
+                    return i
+        return len(frames)
+
     @staticmethod
     def _generate(sessions: list["WorldSession"], actions: list[int]) -> None:
         """Fill the buffers of ``sessions`` (equal :meth:`_batch_key`) with their next ``speculate``
@@ -191,11 +212,13 @@ class WorldSession:
             s.cache = caches[b]
             s.pending_latents = s.pending_latents[:, :0]
             s.pending_actions = s.pending_actions[:, :0]
-            s.buffer = [(latents[b:b + 1, i], frames[b * n + i]) for i in range(n)]
+            shown = s._shown_ahead(frames[b * n:(b + 1) * n])
+            s.buffer = [(latents[b:b + 1, i], frames[b * n + i]) for i in range(shown)]
             s.buffer_action = a
             s.stats.model_forwards += forwards
             s.stats.generation_calls += 1
-            s.stats.speculated += n - 1
+            s.stats.speculated += shown - 1
+            s.stats.refused += n - shown
 
 
 def step_together(sessions: list[WorldSession], actions: list) -> list:
@@ -221,8 +244,8 @@ def step_together(sessions: list[WorldSession], actions: list) -> list:
 
 
 def rollout(model, decode: Callable, first, actions, steps: int = 1, sampler: str = "consistency",
-            speculate: int = 1, context_noise: float = 0.0, generator: Generator = None):
+            speculate: int = 1, context_noise: float = 0.0, generator: Generator = None, keep=None):
     """Frames for a whole action sequence (open loop), through the same session logic."""
-    session = WorldSession(model, decode, first, steps, sampler, speculate, context_noise, generator)
+    session = WorldSession(model, decode, first, steps, sampler, speculate, context_noise, generator, keep=keep)
     frames = [session.step(a) for a in actions]
     return frames, session.stats

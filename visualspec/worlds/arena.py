@@ -336,3 +336,11 @@ def detect_player(frame: np.ndarray, tolerance: float = COLOR_TOLERANCE) -> tupl
 def detect_ball(frame: np.ndarray, tolerance: float = COLOR_TOLERANCE) -> tuple[float, float] | None:
     """Centre (x, y) of the ball in a frame (same convention as :func:`ball_center`), or None."""
     return _detect(frame, BALL_COLOR, tolerance)
+
+
+def keeps_ball(first: np.ndarray, frame: np.ndarray) -> bool:
+    """Whether a frame a world generated ahead may be shown, given its block's first frame (a
+    session's ``keep``, :class:`visualspec.video.WorldSession`): ``detect_ball(first) is None or
+    detect_ball(frame) is not None``. Speculation may not lose a ball the frame drawn without it
+    shows; the same detector scores rollouts (:func:`visualspec.eval.video.rollout_player_error`)."""
+    return detect_ball(first) is None or detect_ball(frame) is not None

@@ -19,7 +19,11 @@ def add_options(p) -> None:
     p.add_argument("--world", help="video pipeline folder (default: assets/arena-nfd)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1, local only)")
     p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--speculate", type=count_arg, default=4, help="frames generated ahead while a key is held")
+    # 3: the browser rule's choice once speculation was guarded (docs/experiments/2026-11-29-arena-speculation-guard.md)
+    p.add_argument("--speculate", type=count_arg, default=3, help="frames generated ahead while a key is held")
+    p.add_argument("--no-guard", dest="guard", action="store_false",
+                   help="show frames generated ahead even where they lost the ball (by default such a frame is "
+                        "refused and generated again: docs/experiments/2026-11-29-arena-speculation-guard.md)")
     p.add_argument("--threads", type=count_arg, default=1,
                    help="torch threads per frame generation (default 1: each player's world gets a core, "
                         "and the rest stay free for more players and for the browser)")

@@ -18,6 +18,8 @@ def register(sub, common) -> None:
     v.add_argument("--frames", type=count_arg, default=None, help="frames to generate")
     v.add_argument("--steps", type=count_arg, default=None)
     v.add_argument("--speculate", type=count_arg, default=4, help="frames generated ahead while the action persists")
+    v.add_argument("--no-guard", dest="guard", action="store_false",
+                   help="show frames generated ahead even where they lost the ball (guarded by default)")
     v.add_argument("--teacher", action="store_true", help="use the undistilled model")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--stats", action="store_true", help="print the statistics instead of the file name")
@@ -34,6 +36,11 @@ def register(sub, common) -> None:
     bv.add_argument("--seed", type=int, default=0)
     bv.add_argument("--quality", action="store_true", help="also one-step PSNR and 60-frame player rollouts")
     bv.add_argument("--episodes", type=count_arg, default=16)
+    bv.add_argument("--unguarded", action="store_true",
+                    help="also each speculation unguarded (frames generated ahead shown even where they lost the "
+                         "ball, as NFD speculates), alternated with the guarded one: with --quality, and with --players")
+    bv.add_argument("--rollout-seed", type=int, default=None,
+                    help="with --quality, the first rollout episode's seed (default: the held-out episodes')")
     bv.add_argument("--speculate", type=count_arg, nargs="+", default=[4],
                     help="with --quality: frames speculated ahead in the speculative rollouts, one row each (default 4)")
     bv.add_argument("--players", type=count_arg,
@@ -57,7 +64,7 @@ def run_video(args) -> int:
     pipe = world_model(args.model, args.dtype, device)
     pipe.set_progress_bar_config(disable=False, desc="video frames")
     out = pipe(actions=actions, num_frames=args.frames if not actions else None, seed=args.seed, steps=args.steps,
-               speculate=args.speculate, use_teacher=args.teacher)
+               speculate=args.speculate, use_teacher=args.teacher, guard=args.guard)
     export_video(out.frames, args.output)
     print(json.dumps(out.stats.to_dict(), indent=1) if args.stats else args.output)
     return 0
@@ -106,7 +113,7 @@ def run_bench_video(args) -> int:
         from ..bench import run_players_benchmark
 
         result = run_players_benchmark(pipe, args.players, frames=args.frames, rounds=args.rounds, seed=args.seed,
-                                       progress=True)
+                                       progress=True, guards=(True, False) if args.unguarded else (True,))
         if args.json:
             write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
         print(result["table"])
@@ -117,19 +124,21 @@ def run_bench_video(args) -> int:
 
         from ...eval.video import one_step_psnr, rollout_player_error
 
-        bar = tqdm(total=4 + len(args.speculate), desc="bench-video --quality (PSNR, then rollouts)")
+        bar = tqdm(total=4 + len(args.speculate) * (1 + args.unguarded),
+                   desc="bench-video --quality (PSNR, then rollouts)")
 
         def counted(row):
             bar.update()
             return row
 
+        episodes = {"episodes": args.episodes, **({} if args.rollout_seed is None else {"seed": args.rollout_seed})}
         result["quality"] = {
             "one_step": [counted(one_step_psnr(pipe, episodes=args.episodes)),
                          counted(one_step_psnr(pipe, args.episodes, use_teacher=True))],
-            "rollout_60": [counted(rollout_player_error(pipe, episodes=args.episodes)),
-                           *(counted(rollout_player_error(pipe, episodes=args.episodes, speculate=k))
-                             for k in args.speculate),
-                           counted(rollout_player_error(pipe, episodes=args.episodes, use_teacher=True))],
+            "rollout_60": [counted(rollout_player_error(pipe, **episodes)),
+                           *(counted(rollout_player_error(pipe, **episodes, speculate=k, guard=guard))
+                             for k in args.speculate for guard in ((True, False) if args.unguarded else (True,))),
+                           counted(rollout_player_error(pipe, **episodes, use_teacher=True))],
         }
         bar.close()
     if args.json:
