@@ -21,7 +21,8 @@ STATIC_SLACK = 64   # columns past prefix + new tokens for the windows and trees
 # model (a new HFCausalLM each generate_text call) finds its buckets compiled
 _COMPILERS: "weakref.WeakKeyDictionary[torch.nn.Module, StepCompiler]" = weakref.WeakKeyDictionary()
 _TREE_COMPILERS: "weakref.WeakKeyDictionary[torch.nn.Module, StepCompiler]" = weakref.WeakKeyDictionary()
-_POSTS_REFUSED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose step with a post failed to compile
+# models whose step torch could not compile with a post inside (HFCausalLM.takes_post)
+_POSTS_REFUSED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 
 def static_length(needed: int, round_to: int = STATIC_ROUND) -> int:

@@ -288,3 +288,25 @@ def test_bench_measures_window_costs_only_before_it_times(home, monkeypatch):
     monkeypatch.setattr(costs, "_store_tables", lambda *a, **k: measured_after.append(len(calls)) or real(*a, **k))
     run_benchmark(Counting(), prompts=["a photo of a red circle"], modes=["ar", "sjd"], images=19, batch_size=4)
     assert measured_after and max(measured_after) <= calls.index("pil"), "a window cost was measured in a timed call"
+
+
+def test_bench_video_quality_sets_guarded_rows_beside_unguarded_ones_on_the_episodes_asked(monkeypatch, capsys):
+    """What ``bench-video --quality --unguarded --rollout-seed`` asks of the measures (they are
+    stubbed: the shipped world's rollouts take minutes)."""
+    from visualspec.eval import video as quality
+    from visualspec.tools import bench
+    from visualspec.tools.commands import video
+
+    calls = []
+    monkeypatch.setattr(video, "world_model", lambda *args: "the world")
+    monkeypatch.setattr(bench, "run_video_benchmark", lambda pipe, **kw: {"table": "the table"})
+    monkeypatch.setattr(quality, "one_step_psnr", lambda pipe, *args, **kw: {})
+    monkeypatch.setattr(quality, "rollout_player_error", lambda pipe, **kw: calls.append(kw) or {})
+    assert main(["bench-video", "--quality", "--episodes", "3", "--speculate", "2", "4", "--unguarded",
+                 "--rollout-seed", "990000"]) == 0
+    assert all(c["episodes"] == 3 and c["seed"] == 990000 for c in calls)
+    assert [(c.get("speculate"), c.get("guard"), c.get("use_teacher")) for c in calls] == [
+        (None, None, None), (2, True, None), (2, False, None), (4, True, None), (4, False, None), (None, None, True)]
+    calls.clear()
+    assert main(["bench-video", "--quality", "--episodes", "3", "--speculate", "4"]) == 0  # guarded only, held out
+    assert [c.get("guard") for c in calls] == [None, True, None] and all("seed" not in c for c in calls)

@@ -38,7 +38,7 @@ def register(sub, common) -> None:
     bv.add_argument("--episodes", type=count_arg, default=16)
     bv.add_argument("--unguarded", action="store_true",
                     help="also each speculation unguarded (frames generated ahead shown even where they lost the "
-                         "ball, as NFD speculates), alternated with the guarded one: with --quality, and with --players")
+                         "ball, as NFD speculates), alternated with the guarded one: with --quality and --players")
     bv.add_argument("--rollout-seed", type=int, default=None,
                     help="with --quality, the first rollout episode's seed (default: the held-out episodes')")
     bv.add_argument("--speculate", type=count_arg, nargs="+", default=[4],
