@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from visualspec import VisualSpecPipeline  # noqa: E402
 from visualspec.core.window_costs import machine_name, synchronize  # noqa: E402
-from visualspec.tools.commands.options import add_device_option  # noqa: E402
+from visualspec.tools.commands.options import add_device_option, window_arg  # noqa: E402
 from visualspec.tools.bench import DEFAULT_PROMPTS  # noqa: E402
 from visualspec.tools.loading import default_model, device_name, shipped_or_path  # noqa: E402
 
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["ar", "sjd"])
     parser.add_argument("--images", type=int, default=8,
                         help="images per mode and batch size (rounded up to whole calls of the batch size)")
-    parser.add_argument("--window", default=None,
+    parser.add_argument("--window", type=window_arg, default=None,
                         help="the window of the modes that draft (default: the pipeline's own, 'auto'), e.g. 8: "
                              "one window to compile where each costs a compile, as CUDA graphs do")
     add_device_option(parser)
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
         for mode in [m + suffix for m in args.modes for suffix in ("", "+compiled")]:
             settings = type(pipe).bench_mode(mode)
             if args.window is not None and settings.get("decoding", "ar") != "ar":
-                settings["window"] = args.window if args.window == "auto" else int(args.window)
+                settings["window"] = args.window
             calls = timed_calls(pipe, prompts, batch, settings, device)
             seconds, bare = (sum(c[i] for c in calls) for i in (1, 2))
             step_s, prefill_s, forward_s, steps = (sum(getattr(c[0], name) for c in calls)

@@ -21,6 +21,7 @@ import torch
 
 from ..core.stats import merge_decode_stats
 from ..models.quantized import QUANTIZE_SCHEMES
+from ..video import VideoStats
 
 
 DEFAULT_PROMPTS = [
@@ -235,11 +236,11 @@ def run_video_benchmark(pipe, frames: int = 300, rounds: int = 3, seed: int = 0,
         seconds = sum(s.seconds for s in stats)
         fps = sum(s.frames for s in stats) / seconds
         base = base or fps
-        hits, discarded = sum(s.hits for s in stats), sum(s.discarded + s.refused for s in stats)
+        ahead = VideoStats(**{count: sum(getattr(s, count) for s in stats) for count in ("hits", "discarded", "refused")})
         results[name] = {
             "fps": round(fps, 1), "ms_per_frame": round(1000 / fps, 2), "speedup": round(fps / base, 2),
             "forwards_per_frame": round(sum(s.model_forwards for s in stats) / sum(s.frames for s in stats), 3),
-            "hit_rate": round(hits / (hits + discarded), 3) if hits + discarded else None,
+            "hit_rate": None if np.isnan(ahead.hit_rate) else round(ahead.hit_rate, 3),
             "p95_ms": round(1000 * float(np.percentile(np.concatenate([s.frame_seconds for s in stats]), 95)), 2),
             "first_call_s": round(first_call[name], 1),
         }

@@ -109,11 +109,12 @@ def run_bench_video(args) -> int:
         check_output_file(args.json, "--json")
     device = device_name(args.device)
     pipe = world_model(args.model, args.dtype, device)
+    guards = (True, False) if args.unguarded else (True,)  # each speculation guarded, and unguarded beside it
     if args.players:
         from ..bench import run_players_benchmark
 
         result = run_players_benchmark(pipe, args.players, frames=args.frames, rounds=args.rounds, seed=args.seed,
-                                       progress=True, guards=(True, False) if args.unguarded else (True,))
+                                       progress=True, guards=guards)
         if args.json:
             write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
         print(result["table"])
@@ -124,7 +125,7 @@ def run_bench_video(args) -> int:
 
         from ...eval.video import one_step_psnr, rollout_player_error
 
-        bar = tqdm(total=4 + len(args.speculate) * (1 + args.unguarded),
+        bar = tqdm(total=4 + len(args.speculate) * len(guards),
                    desc="bench-video --quality (PSNR, then rollouts)")
 
         def counted(row):
@@ -137,7 +138,7 @@ def run_bench_video(args) -> int:
                          counted(one_step_psnr(pipe, args.episodes, use_teacher=True))],
             "rollout_60": [counted(rollout_player_error(pipe, **episodes)),
                            *(counted(rollout_player_error(pipe, **episodes, speculate=k, guard=guard))
-                             for k in args.speculate for guard in ((True, False) if args.unguarded else (True,))),
+                             for k in args.speculate for guard in guards),
                            counted(rollout_player_error(pipe, **episodes, use_teacher=True))],
         }
         bar.close()
