@@ -24,7 +24,8 @@ nothing here re-implements a rule. Drafters:
   drafting below the folder's exit threshold unless ``draft_stop_below`` says otherwise.
 
 ``acceptance="exact"`` is lossless speculative sampling (greedy matching at ``temperature=0``);
-``"typical"`` is Medusa's typical acceptance (lossy).
+``"typical"`` is Medusa's typical acceptance (lossy); ``"judge"`` is judge decoding (lossy): a judge
+trained for the target (``visualspec train-judge --text``) also keeps drafts it scores harmless.
 
 A row stops at its first end-of-sequence token or after ``max_new_tokens``, as transformers'
 ``generate`` does; the text and ``token_ids`` end there.
@@ -43,20 +44,22 @@ from ..drafters import (ChimeraDrafter, DraftModelDrafter, FeatureDrafter, Jacob
 from ..core.checks import check_positive_int
 from ..core.compiled import check_compile, compiled_step
 from ..core.engine import decode
-from ..models.feature_drafter import FeatureDraftModel, check_target, load_draft_model
+from ..models.feature_drafter import FeatureDraftModel, check_target, load_draft_model, weights_hash
 from ..models.hf import HFCausalLM
+from ..models.judge import JudgeHead, check_judge
 from ..models.kangaroo import check_hash, is_kangaroo_folder, kangaroo_info, load_kangaroo
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
 from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
 from ..core.stats import DecodeStats
 from ..core.dynamic_tree import check_tree_shape, decode_dynamic_tree
 from ..core.tree import decode_tree
+from ..core.judge import JudgeRule
 from ..core.verify import default_rule, typical_verify
 from ..core.window import WINDOWS
 from ..core.window_costs import step_policy, step_tag
 
 DRAFTERS = ("ngram", "jacobi", "stand")
-ACCEPTANCE = ("exact", "typical")
+ACCEPTANCE = ("exact", "typical", "judge")
 
 
 @dataclass
@@ -73,7 +76,9 @@ def _vocab_size(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def _encode(tokenizer, prompt):
+def encode_prompts(tokenizer, prompt):
+    """``(prompts, input_ids, attention_mask)`` of a prompt or a list of prompts, left-padded (every row
+    continues from its last real token); the tokenizer's padding side and pad token are left as they were."""
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts or not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("prompt must be a non-empty string or a non-empty list of non-empty strings")
@@ -152,6 +157,29 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
     return VocabTrimDrafter(_token_model(drafter, compile, head_rows=keep), prefix, keep, stop_below=stop_below)
 
 
+def _judge(judge, threshold, acceptance: str, model, drafter) -> JudgeRule | None:
+    """The rule of ``acceptance="judge"`` (None for the other acceptances); errors name what is
+    missing or does not fit: no judge, a judge of another target, no drafter, a bad threshold."""
+    if acceptance != "judge":
+        if judge is not None or threshold is not None:
+            raise ValueError(f"judge and judge_threshold are for acceptance='judge', not {acceptance!r}")
+        return None
+    if judge is None:
+        raise ValueError("acceptance='judge' needs a judge trained for this target: judge=FOLDER (visualspec "
+                         "train-judge --text) or a JudgeHead")
+    if drafter is None:
+        raise ValueError("acceptance='judge' judges drafts; give a drafter")
+    if not isinstance(judge, JudgeHead):
+        if not (Path(judge) / "config.json").is_file():
+            raise ValueError(f"judge={str(judge)!r} is not a judge folder (no config.json); train one with "
+                             f"visualspec train-judge --text")
+        judge = JudgeHead.from_pretrained(judge)
+    check_judge(judge, model, model.get_output_embeddings().weight.shape[1])  # HFCausalLM.feature_size
+    judge = judge.to(next(model.parameters()).device).eval()
+    return JudgeRule(judge.score, judge.config.threshold if threshold is None else threshold,
+                     tag=judge.config.target_hash + ":" + weights_hash(judge))
+
+
 MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
               "recursive_iid": (recursive_iid_verify, "iid")}
 
@@ -203,7 +231,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                   generator=None, window: int | str = "auto", ngram: int = 3, typical_epsilon: float = 0.09,
                   typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
                   multidraft: str = "rsd", draft_stop_below: float | None = None,
-                  compile="auto", tree_width: int | None = None) -> TextOutput:
+                  compile="auto", tree_width: int | None = None, judge=None,
+                  judge_threshold: float | None = None) -> TextOutput:
     """Generate ``max_new_tokens`` tokens after ``prompt`` (a string or a list of strings).
 
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
@@ -243,6 +272,13 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     paths before their tokens are drawn, verified exactly in one forward
     (:mod:`visualspec.core.dynamic_tree`: EAGLE-2's dynamic tree, made lossless).
 
+    ``acceptance="judge"`` (with a drafter and ``judge``: a :class:`~visualspec.models.judge.JudgeHead`
+    or its folder, trained for this target by ``visualspec train-judge --text``) keeps, beside every
+    draft the exact rule accepts, each draft the judge scores above ``judge_threshold`` (default: the
+    judge's own, chosen when it was trained; 1 keeps none, the exact rule). The judge reads the
+    target's last hidden state at the draft's column, from the verification forward. Lossy: the
+    output is no longer the target's; the stats' ``judged_tokens`` count the drafts it kept.
+
     ``compile=True`` runs the target's and the draft model's window forwards on a static cache
     through ``torch.compile`` (:meth:`visualspec.models.hf.HFCausalLM.compile_step`): the same
     tokens, cheaper steps once compiled. Each window bucket compiles on its first use in a process
@@ -258,6 +294,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         check_positive_int("window", window)
     check_sampling_args(temperature, top_k, top_p, 1.0)
     check_compile(compile)
+    judge = _judge(judge, judge_threshold, acceptance, model, drafter)
     if isinstance(drafter, str) and is_kangaroo_folder(drafter):
         drafter = load_kangaroo(drafter, model)
     dynamic = _dynamic_tree_args(tree_width, depth, branches, window, acceptance, draft_vocab, draft_stop_below)
@@ -268,7 +305,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         draft_stop_below = kangaroo_info(drafter)["stop_below"]  # Kangaroo's second early exit
     if tree is not None and window == "auto":  # a tree's window is its size
         window = 1 + branches * tree[0]
-    prompts, input_ids, attention_mask = _encode(tokenizer, prompt)
+    prompts, input_ids, attention_mask = encode_prompts(tokenizer, prompt)
     device = next(model.parameters()).device
     prefix = (input_ids.to(device), attention_mask.to(device))
 
@@ -280,6 +317,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                       draft_stop_below, compile, target)
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
+    elif acceptance == "judge":
+        rule = judge
     else:
         rule = default_rule(sampling)
     if drafts is None:
@@ -301,12 +340,13 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         drafts.use_tree(depth, tree_width)
         window = depth + 1  # the drafter's catch-up feeds up to depth + 1 pairs; the target's tree runs eagerly
     windows = [w for w in WINDOWS if w <= max_new_tokens] if window == "auto" else range(1, window + 1)
+    wants_features = getattr(drafts, "wants_features", False) or getattr(rule, "wants_features", False)
     if compile:  # every window bucket of the decode (a dynamic tree: its one shape), before it (announced)
         if dynamic:
             target.precompile_tree(prefix, max_new_tokens, 1 + depth * tree_width, features=True)
         else:
-            target.precompile(prefix, max_new_tokens, windows, features=getattr(drafts, "wants_features", False))
-        if window == "auto" and getattr(drafts, "wants_features", False):  # plain AR's step, should it win
+            target.precompile(prefix, max_new_tokens, windows, features=wants_features)
+        if window == "auto" and wants_features:  # plain AR's step, should it win
             target.precompile(prefix, max_new_tokens, [1])
         if isinstance(drafts, DraftModelDrafter):
             drafts.model.precompile(prefix, max_new_tokens, windows)

@@ -211,7 +211,7 @@ def is_ar(name: str) -> bool:
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
             compile: str = "both", quantized=None, feature=None, feature_window: int = 4, distilled=None,
             temperature: float = 0.0, kangaroo=None, kangaroo_window: int = 4, chimera=None,
-            feature_tree: tuple[int, int] = FEATURE_TREE):
+            feature_tree: tuple[int, int] = FEATURE_TREE, judge=None, judge_thresholds=(None,)):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -233,6 +233,10 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     tokens a step and stopping below its folder's threshold. ``chimera``: the pair's Chimera drafter
     (``load_feature_drafter(folder, CHIMERA)``), drafting one token per head a step. ``temperature`` > 0
     samples every row at that temperature (transformers' rows too; no top-k or top-p).
+    ``judge``: a judge for the target (:class:`~visualspec.models.judge.JudgeHead`, ``train-judge
+    --pair``): the draft model rows again under judge decoding (``acceptance="judge"``, the same
+    drafts), once per threshold of ``judge_thresholds`` (None: the judge's own), eager and compiled as
+    ``compile`` says, named ``..., judge`` or ``..., judge@T``.
     """
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
@@ -289,6 +293,13 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         eager["visualspec Kangaroo"] = ours(drafter=kangaroo, window=kangaroo_window)
         compiled["visualspec Kangaroo, compiled"] = ours(drafter=kangaroo, window=kangaroo_window, compile=True)
         compiled["visualspec Kangaroo, compiled, auto window"] = ours(drafter=kangaroo, compile=True)
+    for threshold in judge_thresholds if judge is not None else ():
+        kw = dict(acceptance="judge", judge=judge, judge_threshold=threshold)
+        name = "judge" if threshold is None else f"judge@{threshold:g}"
+        eager[f"visualspec draft model, {name}"] = ours(**dynamic, **kw)
+        eager[f"visualspec draft model, fixed window {window}, {name}"] = ours(drafter=draft, window=window, **kw)
+        compiled[f"visualspec draft model, compiled, {name}"] = ours(drafter=draft, **COMPILED_DRAFT, compile=True,
+                                                                     **kw)
     if distilled is not None:
         eager["visualspec distilled draft model"] = ours(**{**dynamic, "drafter": distilled})
         compiled["visualspec distilled draft model, compiled"] = ours(drafter=distilled, **COMPILED_DRAFT, compile=True)
@@ -312,21 +323,37 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
                        stop_below: float = 0.2, compile: str = "both", quantize: str | None = None,
                        progress: bool = False, feature_window: int = 4, seed: int = 0,
                        temperature: float = 0.0, kangaroo_window: int = 4,
-                       feature_tree: tuple[int, int] = FEATURE_TREE) -> dict:
+                       feature_tree: tuple[int, int] = FEATURE_TREE, judge=None, judge_thresholds=(None,)) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
     fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers',
     quantised with ``quantize`` where those rows are asked for and win).
     Each method's first call (a full-length warm-up: window costs, compiled graphs) is timed
     apart, as ``first_call_seconds``. ``progress``: a bar on stderr advancing once per generation.
     ``temperature`` > 0 samples (each call seeded alike); outputs then differ from ``generate``'s by
-    design, and ``greedy_output_equal`` says so."""
+    design, and ``greedy_output_equal`` says so.
+
+    ``judge`` (a judge folder for the target, ``train-judge --pair``) adds the judge decoding rows
+    (:func:`methods`) and draws the prompts from the held-out files the judge did not see, cut at
+    line starts (:func:`visualspec.eval.code.held_out_code`, ``REPORT_FILES``); every row then also
+    reports ``valid`` (the share of its continuations that are valid Python in their files),
+    ``statements_right`` (:func:`visualspec.eval.code.kept_outcome` against each file's own next
+    lines: the judge's outcome measure) and ``statements_kept`` (against ``generate``'s output)."""
     from tqdm.auto import tqdm
 
     if threads:
         torch.set_num_threads(threads)
     folder = pair_folder(folder)
     tokenizer, target, draft = load_pair(folder)
-    texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens, seed=seed)
+    code = None
+    if judge is not None:
+        from ..eval.code import REPORT_FILES, held_out_code
+        from ..models.judge import JudgeHead
+
+        judge = JudgeHead.from_pretrained(judge)
+        code = held_out_code(folder, tokenizer, prompts, prompt_tokens, seed=seed, files=REPORT_FILES)
+        texts = [p.prompt for p in code]
+    else:
+        texts = held_out_prompts(folder, tokenizer, prompts, prompt_tokens, seed=seed)
     check_quantize(quantize)
     quantized = None
     if quantize is not None:
@@ -335,7 +362,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
                     draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window,
                     load_distilled_draft(folder), temperature, load_kangaroo_drafter(folder, target), kangaroo_window,
-                    load_feature_drafter(folder, CHIMERA), tuple(feature_tree))
+                    load_feature_drafter(folder, CHIMERA), tuple(feature_tree), judge, tuple(judge_thresholds))
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     # the base model: every target forward runs it, whether through the LM class or (to return
@@ -373,6 +400,16 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
                          "target_forwards": r["forwards"],
                          "greedy_output_equal": f"{equal}/{len(texts)}" if temperature == 0 else "n/a (sampled)",
                          "first_call_seconds": first_call[name]}
+        if code is not None:
+            from ..eval.code import is_valid, kept_outcome
+
+            out = [tokenizer.decode(outputs[name, i], skip_special_tokens=True) for i in range(len(texts))]
+            ref = [tokenizer.decode(outputs["generate", i], skip_special_tokens=True) for i in range(len(texts))]
+            results[name]["valid"] = round(float(np.mean([is_valid(p.context, o) for p, o in zip(code, out)])), 4)
+            results[name]["statements_kept"] = round(float(np.mean([kept_outcome(p.context, o, e) for p, o, e
+                                                                    in zip(code, out, ref)])), 4)
+            results[name]["statements_right"] = round(float(np.mean([kept_outcome(p.context, o, p.truth)
+                                                                     for p, o in zip(code, out)])), 4)
     assisted = results.get("transformers assisted (draft model)")
 
     def ratio(name):
@@ -382,7 +419,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
         "prompts": len(texts), "seed": seed, "temperature": temperature, "new_tokens": new_tokens, "window": window,
         "draft_window": draft_window,
         "feature_window": feature_window, "feature_tree": list(feature_tree), "kangaroo_window": kangaroo_window,
-        "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar, "results": results,
+        "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar,
+        "prompt_files": "all" if code is None else "report (line starts)", "results": results,
         "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),
         "compiled_draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model, compiled"),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads()},

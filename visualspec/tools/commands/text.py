@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from .options import QUANTIZE_CHOICES, count_arg
 
@@ -34,6 +35,11 @@ def register(sub, common) -> None:
                     help="which held-out prompts (0: the reported tables'; choices are made on others)")
     bt.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy (every row must equal generate's output); > 0: every row samples at it")
+    bt.add_argument("--judge", default=None,
+                    help="a judge folder for the target (train-judge --pair): adds the draft model rows under judge "
+                         "decoding, prompts from the held-out files the judge did not see, and each row's validity")
+    bt.add_argument("--judge-thresholds", type=float, nargs="+", default=None,
+                    help="with --judge: thresholds to run (default: the judge's own)")
     bt.add_argument("--only", nargs="+", help="run only these rows (and generate, the reference)")
     bt.add_argument("--multidraft-gap", action="store_true", help="also the multi-draft verifiers vs the optimum")
     bt.add_argument("--json", help="write the results here")
@@ -50,11 +56,20 @@ def run(args) -> int:
         raise ValueError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
     if args.json:
         check_output_file(args.json, "--json")
+    if args.judge_thresholds and not args.judge:
+        raise ValueError("--judge-thresholds needs --judge (a judge folder)")
+    for t in args.judge_thresholds or ():
+        if not 0.0 <= t <= 1.0:
+            raise ValueError(f"--judge-thresholds must be in [0, 1], got {t}")
+    if args.judge and not (Path(args.judge) / "config.json").is_file():
+        raise ValueError(f"--judge {args.judge!r} is not a judge folder (no config.json); train one with "
+                         f"visualspec train-judge --pair")
     result = run_text_benchmark(args.pair, prompts=args.prompts, new_tokens=args.new_tokens, window=args.window,
                                 draft_window=args.draft_window, stop_below=args.draft_stop_below,
                                 compile=args.compile, quantize=args.quantize, progress=True,
                                 feature_window=args.feature_window, seed=args.seed, only=args.only,
                                 temperature=args.temperature, kangaroo_window=args.kangaroo_window,
+                                judge=args.judge, judge_thresholds=tuple(args.judge_thresholds or (None,)),
                                 **({"feature_tree": tuple(args.feature_tree)} if args.feature_tree else {}))
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)

@@ -49,12 +49,18 @@ def register(sub, common) -> None:
     t.set_defaults(func=checked(train_drafter))
 
     t = sub.add_parser("train-judge", parents=[common],
-                       help="train a judge for judge decoding on a shapes-world LlamaGen pipeline: labels mined by "
-                            "finishing images with and without each rejected draft (#51)")
+                       help="train a judge for judge decoding on a shapes-world LlamaGen pipeline (labels mined by "
+                            "finishing images with and without each rejected draft) or, with --pair, for a text "
+                            "pair's target (labels: does held-out Python stay valid and keep its next statement; #51)")
     t.add_argument("--model", default=None, help="the pipeline folder (default: the shipped assets/shapes-t2i)")
+    t.add_argument("--pair", default=None,
+                   help="a text pair folder to train for instead (e.g. assets/text-pair; its draft model drafts)")
     t.add_argument("--out", required=True, help="judge folder to write (e.g. assets/shapes-t2i/judge)")
-    t.add_argument("--work-dir", default=str(home() / "train-judge"), help="checkpoints; rerun to resume")
+    t.add_argument("--work-dir", default=None,
+                   help="checkpoints; rerun to resume (default: train-judge, or train-judge-text with --pair, under "
+                        "visualspec's home)")
     t.add_argument("--prompts-per-task", type=int, help="training prompts per GenEval task (the shipped recipe: 100)")
+    t.add_argument("--prompts", type=int, help="with --pair: training prompts (the shipped recipe: 320)")
     t.add_argument("--hidden", type=int, help="hidden width of the head (0: logistic regression, the shipped recipe)")
     t.set_defaults(func=checked(train_judge))
 
@@ -187,10 +193,26 @@ def train_drafter(args) -> int:
 
 
 def train_judge(args) -> int:
+    if args.pair is not None:
+        from ...training.text_judge import TextJudgeConfig, train_text_judge
+        from ..bench_text import load_pair, pair_folder
+
+        if args.model is not None or args.prompts_per_task is not None:
+            raise ValueError("train-judge --pair trains for a text pair's target; --model and --prompts-per-task "
+                             "are the shapes judge's")
+        overrides = {k: getattr(args, k) for k in ("prompts", "hidden") if getattr(args, k) is not None}
+        folder = pair_folder(args.pair)
+        train_text_judge(folder, *load_pair(folder), args.out, args.work_dir or str(home() / "train-judge-text"),
+                         TextJudgeConfig(**overrides))
+        print(args.out)
+        return 0
     from ...training.judge import JudgeConfig, train_judge as train
 
+    if args.prompts is not None:
+        raise ValueError("--prompts is the text judge's (train-judge --pair); the shapes judge takes "
+                         "--prompts-per-task")
     overrides = {k: getattr(args, k) for k in ("prompts_per_task", "hidden") if getattr(args, k) is not None}
-    train(args.model, args.out, args.work_dir, JudgeConfig(**overrides))
+    train(args.model, args.out, args.work_dir or str(home() / "train-judge"), JudgeConfig(**overrides))
     print(args.out)
     return 0
 
