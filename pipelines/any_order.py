@@ -60,12 +60,13 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
 
     def __init__(self, transformer: AnyOrderGPT, vq_model: LlamaGenVQModel, text_encoder=None, tokenizer=None,
                  default_guidance_scale: float = 3.0, default_top_k: int = 0, default_epsilon_cutoff: float = 0.0,
-                 default_k: int | str = 4):
+                 default_k: int | str = 4, default_k_batched: int | str | None = None):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer)
         self.register_to_config(default_guidance_scale=default_guidance_scale, default_top_k=default_top_k,
-                                default_epsilon_cutoff=default_epsilon_cutoff, default_k=default_k)
+                                default_epsilon_cutoff=default_epsilon_cutoff, default_k=default_k,
+                                default_k_batched=default_k_batched)
 
     @classmethod
     def bench_settings(cls, mode: str) -> dict:
@@ -101,7 +102,7 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         """Generate images (or fill the unkept cells of ``image``).
 
         - ``decoding``: ``"assd"`` (lossless speculative), ``"ar"`` or ``"parallel"`` (lossy), above.
-        - ``k``: the cells ASSD drafts per round (default: the folder's ``default_k``), or
+        - ``k``: the cells ASSD drafts per round (default: the folder's, :meth:`default_k_for`), or
           ``"auto"``: among 2, 4, 8 and 16, the k whose whole ASSD decode, timed at this batch
           size on this machine beside plain AR's (once, kept on disk, as the raster pipeline's
           ``window="auto"``), was fastest, held for every round of the call (a search that mixes
@@ -124,8 +125,9 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         The stats' ``fixed_at`` is per cell in raster order (the forward that fixed it; 0 for kept
         cells); ASSD's draft forwards count as target forwards.
         """
-        d = self.folder_defaults(guidance_scale=guidance_scale, top_k=top_k, epsilon_cutoff=epsilon_cutoff, k=k)
-        self.check_inputs(decoding, d["k"], k, parallel_steps, output_type, num_images_per_prompt, batch_size)
+        d = self.folder_defaults(guidance_scale=guidance_scale, top_k=top_k, epsilon_cutoff=epsilon_cutoff)
+        self.check_inputs(decoding, self.default_k_for(k, 1), k, parallel_steps, output_type, num_images_per_prompt,
+                          batch_size)
         sampling = SamplingConfig(temperature=temperature, top_k=d["top_k"], top_p=top_p,
                                   guidance_scale=d["guidance_scale"], epsilon_cutoff=d["epsilon_cutoff"])
         cond = self._conditions(prompt, None, num_images_per_prompt)
@@ -138,6 +140,7 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         kept = orders.new_zeros(rows, 0) if kept_tokens is None else kept_tokens.gather(1, orders[:, :m])
         num_tokens = cells - m
         slots = rows if batch_size is None else min(batch_size, rows)
+        d["k"] = self.default_k_for(k, slots)
 
         def prefix_of(ids):
             feats, caption_mask = self._prefix(model, cond, sampling, ids)
@@ -187,9 +190,18 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         machine has no tables), for ``visualspec batch`` to record and pass back as ``k``; ``{}``
         where the call does not choose k: another decoding, or a fixed k."""
         decoding = call_kwargs.get("decoding", "assd")
-        if decoding != "assd" or self.folder_default("k", call_kwargs.get("k")) != "auto":
+        if decoding != "assd" or self.default_k_for(call_kwargs.get("k"), batch_size) != "auto":
             return {}
         return super().window_tables(prompt, batch_size=batch_size, **call_kwargs)
+
+    def default_k_for(self, k, images: int):
+        """``k``, or where it is None the folder's k for a decode of ``images`` images at once:
+        ``default_k_batched`` for more than one where the folder sets it (the shipped folder:
+        ``"auto"``, docs/experiments/2026-11-30-assd-batch-default.md), else ``default_k``."""
+        if k is not None:
+            return k
+        batched = self.config.get("default_k_batched")
+        return batched if images > 1 and batched is not None else self.config.get("default_k")
 
     # ------------------------------------------------------------------ inputs
 
@@ -197,8 +209,9 @@ class AnyOrderPipeline(PromptConditioning, TokenImagePipeline):
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         self.check_decoding(decoding)
         self.check_common(output_type, num_images_per_prompt, batch_size)
-        if not (k == "auto" or isinstance(k, WindowPolicy)) and not (is_int(k) and k >= 1):
-            raise ValueError(f"k must be an integer >= 1 (the cells ASSD drafts per round) or 'auto', got {k!r}")
+        for k in (k, self.default_k_for(k_given, 2)):  # the call's k, or the folder's of one image and of a batch
+            if not (k == "auto" or isinstance(k, WindowPolicy)) and not (is_int(k) and k >= 1):
+                raise ValueError(f"k must be an integer >= 1 (the cells ASSD drafts per round) or 'auto', got {k!r}")
         if k_given is not None and decoding != "assd":
             raise ValueError(f"k is the number of cells ASSD drafts per round: it is for decoding='assd', "
                              f"not {decoding!r}")

@@ -233,3 +233,22 @@ def test_the_apps_image_tab_draws_and_compares_ar_with_assd(pipe, tmp_path, monk
     _, _, rows = demo.compare(PROMPT, 2.0, 0)
     forwards = rows[0]
     assert forwards[0] == "target forwards" and forwards[1] == 256 and forwards[2] < 256
+
+
+def test_a_folders_batched_default_k_serves_calls_of_more_than_one_image(pipe, monkeypatch):
+    """``default_k_batched`` is the k of a decode of several images at once (a call's batch, or its
+    ``batch_size``); one image at a time keeps ``default_k``; an explicit k wins over both; a folder
+    without it (None) uses ``default_k`` everywhere; a bad folder value is named."""
+    monkeypatch.setitem(pipe.config, "default_k_batched", 2)
+    one = pipe(PROMPT, decoding="assd", temperature=0, seed=3, **FIXED)
+    two = pipe([PROMPT] * 2, decoding="assd", temperature=0, seed=3, **FIXED)
+    queued = pipe([PROMPT] * 2, decoding="assd", temperature=0, seed=3, batch_size=1, **FIXED)
+    given = pipe([PROMPT] * 2, decoding="assd", k=8, temperature=0, seed=3, **FIXED)
+    assert (one.stats.mode, two.stats.mode, queued.stats.mode, given.stats.mode) == (
+        "assd@4", "assd@2", "assd@4", "assd@8")
+    assert pipe.default_k_for(None, 16) == 2 and pipe.default_k_for(None, 1) == 4 and pipe.default_k_for(5, 16) == 5
+    monkeypatch.setitem(pipe.config, "default_k_batched", None)
+    assert pipe([PROMPT] * 2, decoding="assd", temperature=0, seed=3, **FIXED).stats.mode == "assd@4"
+    monkeypatch.setitem(pipe.config, "default_k_batched", 0)
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        pipe(PROMPT, decoding="assd", **FIXED)
