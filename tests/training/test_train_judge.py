@@ -119,3 +119,27 @@ def test_the_head_fits_labels_its_inputs_predict_and_validates_on_held_out_promp
     assert all(abs(k - share) < 0.1 for k, share in zip(kept, (0.9, 0.75, 0.5, 0.25))), kept
     shuffled = dict(data, harmless=harmless[torch.randperm(n, generator=g)])  # control: labels the inputs do not predict
     assert fit_head(JudgeHead(feature_size=d), shuffled, JudgeConfig(l2=1e-3))["validation_auc"] < 0.7
+
+
+def test_labels_are_mined_in_saved_chunks_a_rerun_reads_back(pipe, tmp_path, monkeypatch):
+    """Stages 1 and 2 on six prompts in chunks of four: each chunk is saved, every label is a
+    recorded rejection (at most two per image, each image's own), and a rerun reads the chunks
+    back instead of decoding again (the control: with a chunk removed it decodes that chunk)."""
+    import visualspec.training.judge as judge
+
+    cfg = JudgeConfig(prompts_per_task=1, batch=4, drafts_per_image=2, window=4, rows=8)
+    data = judge.mine_labels(pipe, cfg, tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.glob("labels-*.pt")) == ["labels-00000.pt", "labels-00004.pt"]
+    n = len(data["harmless"])
+    assert 0 < n <= 12 and set(data["harmless"].tolist()) <= {0.0, 1.0}
+    assert all(torch.bincount(data["prompt"], minlength=6) <= 2)
+    assert data["feature"].shape == (n, pipe.transformer.config.dim)
+    decoded = []
+    record = judge.record_rejections
+    monkeypatch.setattr(judge, "record_rejections",
+                        lambda pipe, texts, *a: decoded.append(texts) or record(pipe, texts, *a))
+    again = judge.mine_labels(pipe, cfg, tmp_path, progress=False)
+    assert not decoded and all(torch.equal(again[k], data[k]) for k in data)
+    (tmp_path / "labels-00004.pt").unlink()
+    again = judge.mine_labels(pipe, cfg, tmp_path, progress=False)
+    assert len(decoded) == 1 and len(decoded[0]) == 2 and all(torch.equal(again[k], data[k]) for k in data)

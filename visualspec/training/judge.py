@@ -173,33 +173,49 @@ def verdicts(pipe, tokens: torch.Tensor, metadata: list[dict], detector) -> np.n
 # ---------------------------------------------------------------------------------- mining
 
 
+def labelled_chunks(work: Path, total: int, batch: int, label_chunk) -> dict:
+    """Stage 2's resumable loop: ``label_chunk(start)`` labels prompts ``start .. start + batch - 1``
+    and returns their chunk (a dict of tensors), saved as ``work/labels-<start>.pt`` (atomically)
+    and read back on a rerun. Returns every chunk's tensors concatenated."""
+    chunks = []
+    for start in range(0, total, batch):
+        path = work / f"labels-{start:05d}.pt"
+        if not path.is_file():
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save(label_chunk(start), tmp)
+            tmp.replace(path)
+        chunks.append(torch.load(path, weights_only=True))
+    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def sample_rejections(records: dict, requests: int, per_request: int, rng) -> torch.Tensor:
+    """Up to ``per_request`` of the recorded rejections of each request 0 .. ``requests - 1``, drawn
+    without replacement by ``rng``: their indices into ``records`` (long), request by request."""
+    keep = []
+    for i in range(requests):
+        mine = (records["request"] == i).nonzero()[:, 0].numpy()
+        keep.extend(rng.choice(mine, min(per_request, len(mine)), replace=False).tolist())
+    return torch.tensor(keep, dtype=torch.long)
+
+
 def mine_labels(pipe, cfg: JudgeConfig, work: Path, progress: bool = True) -> dict:
-    """Stages 1 and 2 over the training prompts, a chunk of ``cfg.batch`` prompts at a time (each
-    chunk saved in ``work``; a rerun resumes). Returns every chunk's labelled drafts:
-    ``feature``, ``distribution``, ``harmless`` (float), ``prompt`` (index), ``position``."""
+    """Stages 1 and 2 over the training prompts, a chunk of ``cfg.batch`` prompts at a time
+    (:func:`labelled_chunks`: saved in ``work``, a rerun resumes). Returns every chunk's labelled
+    drafts: ``feature``, ``distribution``, ``harmless`` (float), ``prompt`` (index), ``position``."""
     from ..eval.detectors import ShapesDetector
     from ..worlds.shapes import evaluation_prompts
 
     prompts = evaluation_prompts(cfg.prompts_per_task, seed=cfg.prompt_seed)
     detector, model, sampling = ShapesDetector(), pipe.transformer, _sampling(pipe)
-    chunks = []
-    for start in range(0, len(prompts), cfg.batch):
-        path = work / f"labels-{start:05d}.pt"
-        if path.is_file():
-            chunks.append(torch.load(path, weights_only=True))
-            continue
+
+    def label_chunk(start: int) -> dict:
         t0 = time.time()
         metas = prompts[start:start + cfg.batch]
         texts = [m["prompt"] for m in metas]
         tokens, rec = record_rejections(pipe, texts, [cfg.seed * 100_003 + start + i for i in range(len(texts))],
                                         cfg.window)
-        # a few rejected drafts per image, at random
-        rng = np.random.default_rng([cfg.seed, start])
-        keep = []
-        for i in range(len(texts)):
-            mine = (rec["request"] == i).nonzero()[:, 0].numpy()
-            keep.extend(rng.choice(mine, min(cfg.drafts_per_image, len(mine)), replace=False).tolist())
-        keep = torch.tensor(sorted(keep, key=lambda r: int(rec["position"][r])), dtype=torch.long)
+        keep = sample_rejections(rec, len(texts), cfg.drafts_per_image, np.random.default_rng([cfg.seed, start]))
+        keep = keep[rec["position"][keep].argsort(stable=True)]  # by position: continuations of like length
         req, pos, draft = rec["request"][keep], rec["position"][keep], rec["draft"][keep]
         harmless = []
         per = cfg.rows // 2
@@ -218,15 +234,12 @@ def mine_labels(pipe, cfg: JudgeConfig, work: Path, progress: bool = True) -> di
             harmless.extend((v[:len(r)] == v[len(r):]).tolist())
         chunk = {"feature": rec["feature"][keep], "distribution": rec["distribution"][keep],
                  "harmless": torch.tensor(harmless, dtype=torch.float32), "prompt": req + start, "position": pos}
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(chunk, tmp)
-        tmp.replace(path)
-        chunks.append(chunk)
         if progress:
-            share = float(chunk["harmless"].mean())
             print(f"judge labels: prompts {start + len(texts)}/{len(prompts)}, {len(keep)} drafts, "
-                  f"{share:.2f} harmless, {time.time() - t0:.0f} s", flush=True)
-    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+                  f"{float(chunk['harmless'].mean()):.2f} harmless, {time.time() - t0:.0f} s", flush=True)
+        return chunk
+
+    return labelled_chunks(work, len(prompts), cfg.batch, label_chunk)
 
 
 # ---------------------------------------------------------------------------------- fitting

@@ -46,7 +46,7 @@ from ..models.hf import HFCausalLM
 from ..text import generate_text
 from ..text.generate import encode_prompts
 from .common import claim_work_dir, write_training_record
-from .judge import RecordingDrafter, fit_head
+from .judge import RecordingDrafter, fit_head, labelled_chunks, sample_rejections
 
 OUTCOME = ("the continuation stays valid Python in its file through the next statement, and that statement "
            "is the target's (visualspec.eval.code)")
@@ -122,26 +122,19 @@ def label(context: str, tokenizer, before: list[int], chosen: int, drafted: int,
 
 def mine_labels(target: HFCausalLM, draft_model, tokenizer, folder, cfg: TextJudgeConfig, work: Path,
                 progress: bool = True) -> dict:
-    """Stages 1 and 2, ``cfg.batch`` prompts at a time (each chunk saved in ``work``; a rerun
-    resumes). Returns the labelled drafts: ``feature``, ``distribution``, ``harmless`` (float),
-    ``prompt`` (index), ``position``."""
+    """Stages 1 and 2, ``cfg.batch`` prompts at a time
+    (:func:`~visualspec.training.judge.labelled_chunks`: saved in ``work``, a rerun resumes).
+    Returns the labelled drafts: ``feature``, ``distribution``, ``harmless`` (float), ``prompt``
+    (index), ``position``."""
     prompts = held_out_code(folder, tokenizer, cfg.prompts, cfg.prompt_tokens, cfg.prompt_seed, JUDGE_FILES)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    chunks = []
-    for start in range(0, len(prompts), cfg.batch):
-        path = work / f"labels-{start:05d}.pt"
-        if path.is_file():
-            chunks.append(torch.load(path, weights_only=True))
-            continue
+
+    def label_chunk(start: int) -> dict:
         t0 = time.time()
         part = prompts[start:start + cfg.batch]
         prompt_ids, tokens, rec = record_rejections(target, draft_model, tokenizer, [p.prompt for p in part], cfg)
-        rng = np.random.default_rng([cfg.seed, start])
-        keep = []
-        for i in range(len(part)):
-            mine = (rec["request"] == i).nonzero()[:, 0].numpy()
-            keep.extend(rng.choice(mine, min(cfg.drafts_per_prompt, len(mine)), replace=False).tolist())
-        keep = torch.tensor(sorted(keep), dtype=torch.long)
+        keep = sample_rejections(rec, len(part), cfg.drafts_per_prompt, np.random.default_rng([cfg.seed, start]))
+        keep = keep.sort().values
         req, pos, draft = rec["request"][keep].tolist(), rec["position"][keep].tolist(), rec["draft"][keep].tolist()
         rows = []
         for r, t, d in zip(req, pos, draft):
@@ -156,15 +149,13 @@ def mine_labels(target: HFCausalLM, draft_model, tokenizer, folder, cfg: TextJud
         chunk = {"feature": rec["feature"][keep][known], "distribution": rec["distribution"][keep][known],
                  "harmless": torch.tensor([float(v) for v in labels if v is not None]),
                  "prompt": torch.tensor(req)[known] + start, "position": torch.tensor(pos)[known]}
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(chunk, tmp)
-        tmp.replace(path)
-        chunks.append(chunk)
         if progress:
             print(f"text judge labels: prompts {start + len(part)}/{len(prompts)}, {int(known.sum())} of {len(keep)} "
                   f"drafts labelled, {float(chunk['harmless'].mean()):.2f} harmless, {time.time() - t0:.0f} s",
                   flush=True)
-    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+        return chunk
+
+    return labelled_chunks(work, len(prompts), cfg.batch, label_chunk)
 
 
 def fit_best(make_head, data: dict, cfg: TextJudgeConfig):
