@@ -25,7 +25,7 @@ nothing here re-implements a rule. Drafters:
 
 ``acceptance="exact"`` is lossless speculative sampling (greedy matching at ``temperature=0``);
 ``"typical"`` is Medusa's typical acceptance (lossy); ``"judge"`` is judge decoding (lossy): a judge
-trained for the target (``visualspec train-judge --text``) also keeps drafts it scores harmless.
+trained for the target (``visualspec train-judge --pair``) also keeps drafts it scores harmless.
 
 A row stops at its first end-of-sequence token or after ``max_new_tokens``, as transformers'
 ``generate`` does; the text and ``token_ids`` end there.
@@ -166,13 +166,13 @@ def _judge(judge, threshold, acceptance: str, model, drafter) -> JudgeRule | Non
         return None
     if judge is None:
         raise ValueError("acceptance='judge' needs a judge trained for this target: judge=FOLDER (visualspec "
-                         "train-judge --text) or a JudgeHead")
+                         "train-judge --pair) or a JudgeHead")
     if drafter is None:
         raise ValueError("acceptance='judge' judges drafts; give a drafter")
     if not isinstance(judge, JudgeHead):
         if not (Path(judge) / "config.json").is_file():
             raise ValueError(f"judge={str(judge)!r} is not a judge folder (no config.json); train one with "
-                             f"visualspec train-judge --text")
+                             f"visualspec train-judge --pair")
         judge = JudgeHead.from_pretrained(judge)
     check_judge(judge, model, model.get_output_embeddings().weight.shape[1])  # HFCausalLM.feature_size
     judge = judge.to(next(model.parameters()).device).eval()
@@ -273,7 +273,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     (:mod:`visualspec.core.dynamic_tree`: EAGLE-2's dynamic tree, made lossless).
 
     ``acceptance="judge"`` (with a drafter and ``judge``: a :class:`~visualspec.models.judge.JudgeHead`
-    or its folder, trained for this target by ``visualspec train-judge --text``) keeps, beside every
+    or its folder, trained for this target by ``visualspec train-judge --pair``) keeps, beside every
     draft the exact rule accepts, each draft the judge scores above ``judge_threshold`` (default: the
     judge's own, chosen when it was trained; 1 keeps none, the exact rule). The judge reads the
     target's last hidden state at the draft's column, from the verification forward. Lossy: the
