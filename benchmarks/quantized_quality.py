@@ -41,11 +41,9 @@ def first_difference(a: list, b: list) -> int:
 
 def held_out_windows(folder, tokenizer, count: int, length: int, seed: int = 0) -> torch.Tensor:
     """``count`` windows of ``length`` tokens cut at random from the pair's held-out files."""
-    import sysconfig
+    from visualspec.eval.code import held_out_files, read_source
 
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = json.loads((Path(folder) / "training.json").read_text())["held_out_files"]
-    ids = [tokenizer((root / name).read_text(encoding="utf-8", errors="replace")).input_ids for name in files]
+    ids = [tokenizer(read_source(name)).input_ids for name in held_out_files(folder)]
     ids = [x for x in ids if len(x) > length]
     rng = np.random.default_rng(seed)
     windows = []

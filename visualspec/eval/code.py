@@ -123,15 +123,25 @@ def next_statement(text: str, after_char: int) -> tuple[str, int] | None:
     return None
 
 
+#: the standard library of this Python, which a text pair's held-out files are paths into
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
 def held_out_files(folder, files: str = "all") -> list[str]:
-    """The pair's held-out standard-library files (``training.json``), sorted: ``"all"``, the
-    judge's share (:data:`JUDGE_FILES`: every third) or the reports' (:data:`REPORT_FILES`)."""
-    names = sorted(json.loads((Path(folder) / "training.json").read_text())["held_out_files"])
+    """A text pair's held-out standard-library files (its ``training.json``): ``"all"``, in the
+    record's order, or sorted by name the judge's share (:data:`JUDGE_FILES`: every third) or the
+    reports' (:data:`REPORT_FILES`)."""
+    names = json.loads((Path(folder) / "training.json").read_text())["held_out_files"]
     if files == "all":
         return names
     if files not in (JUDGE_FILES, REPORT_FILES):
         raise ValueError(f"files must be 'all', {JUDGE_FILES!r} or {REPORT_FILES!r}, got {files!r}")
-    return [n for i, n in enumerate(names) if (i % 3 == 0) == (files == JUDGE_FILES)]
+    return [n for i, n in enumerate(sorted(names)) if (i % 3 == 0) == (files == JUDGE_FILES)]
+
+
+def read_source(name) -> str:
+    """The text of standard-library file ``name`` (a path relative to :data:`STDLIB`)."""
+    return (STDLIB / name).read_text(encoding="utf-8", errors="replace")
 
 
 def held_out_code(folder, tokenizer, count: int, tokens: int = 96, seed: int = 0, files: str = "all",
@@ -140,11 +150,10 @@ def held_out_code(folder, tokenizer, count: int, tokens: int = 96, seed: int = 0
     :func:`held_out_files`), in turn over the files in a random order, each after at least
     ``tokens`` tokens of its file and with ``min_lines`` lines after it (its ``truth``). Only cuts
     whose context is valid Python (:func:`python_status`) are taken."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     rng = np.random.default_rng(seed)
     sources = {}
     for name in held_out_files(folder, files):
-        text = (root / name).read_text(encoding="utf-8", errors="replace")
+        text = read_source(name)
         starts = np.cumsum([0] + [len(line) for line in text.splitlines(keepends=True)])
         if len(starts) > 3 * min_lines:
             sources[name] = (text, starts)

@@ -111,15 +111,12 @@ def held_out_prompts(folder, tokenizer, count: int, tokens: int = PROMPT_TOKENS,
     one from each file long enough (at least 4 prompts' worth), in a random order of the files;
     when that gives fewer than ``count``, another pass cuts one more from each, and so on (a file
     gives at most one prompt per pass, so the first pass's prompts stay what they were)."""
-    import json
-    import sysconfig
+    from ..eval.code import held_out_files, read_source
 
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = json.loads((Path(folder) / "training.json").read_text())["held_out_files"]
     rng = np.random.default_rng(seed)
     prompts, long_files = [], []
-    for name in rng.permutation(files):
-        ids = tokenizer((root / name).read_text(encoding="utf-8", errors="replace")).input_ids
+    for name in rng.permutation(held_out_files(folder)):
+        ids = tokenizer(read_source(name)).input_ids
         if len(ids) < 4 * tokens:
             continue
         long_files.append(ids)
@@ -141,14 +138,11 @@ def held_out_prompts(folder, tokenizer, count: int, tokens: int = PROMPT_TOKENS,
 def calibration_vocab(folder, tokenizer, size: int, files: int = 50) -> torch.Tensor:
     """VocabTrim's kept set: the ``size`` most frequent tokens of ``files`` training files (the
     target was trained on them, so their statistics stand in for target-generated text)."""
-    import json
-    import sysconfig
-
     from ..drafters import frequent_tokens
+    from ..eval.code import STDLIB, held_out_files
 
-    root = Path(sysconfig.get_paths()["stdlib"])
-    held = set(json.loads((Path(folder) / "training.json").read_text())["held_out_files"])
-    names = [p for p in sorted(root.glob("*.py")) if str(p.relative_to(root)) not in held][:files]
+    held = set(held_out_files(folder))
+    names = [p for p in sorted(STDLIB.glob("*.py")) if str(p.relative_to(STDLIB)) not in held][:files]
     ids = [tokenizer(p.read_text(encoding="utf-8", errors="replace")).input_ids for p in names]
     return frequent_tokens(ids, size, always=[tokenizer.eos_token_id])
 
@@ -391,6 +385,10 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     results = {}
     speed = {name: r["tokens"] / r["seconds"] for name, r in rows.items()}
     best_ar = max((name for name in rows if is_ar(name)), key=speed.get)
+    if code is not None:  # the outcome checks of --judge's code prompts, against generate's continuations
+        from ..eval.code import is_valid, kept_outcome
+
+        ref = [tokenizer.decode(outputs["generate", i], skip_special_tokens=True) for i in range(len(texts))]
     for name, r in rows.items():
         equal = sum(outputs[name, i] == outputs["generate", i] for i in range(len(texts)))
         results[name] = {"tokens_per_second": round(speed[name], 1),
@@ -401,10 +399,7 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
                          "greedy_output_equal": f"{equal}/{len(texts)}" if temperature == 0 else "n/a (sampled)",
                          "first_call_seconds": first_call[name]}
         if code is not None:
-            from ..eval.code import is_valid, kept_outcome
-
             out = [tokenizer.decode(outputs[name, i], skip_special_tokens=True) for i in range(len(texts))]
-            ref = [tokenizer.decode(outputs["generate", i], skip_special_tokens=True) for i in range(len(texts))]
             results[name]["valid"] = round(float(np.mean([is_valid(p.context, o) for p, o in zip(code, out)])), 4)
             results[name]["statements_kept"] = round(float(np.mean([kept_outcome(p.context, o, e) for p, o, e
                                                                     in zip(code, out, ref)])), 4)
