@@ -11,7 +11,8 @@ from visualspec.models.feature_drafter import weights_hash
 from visualspec.models.judge import JudgeHead
 from visualspec.text import generate_text
 from visualspec.tools.bench_text import load_pair
-from visualspec.training.text_judge import label, left_padded, pick_threshold
+from visualspec.training.judge import pick_threshold
+from visualspec.training.text_judge import label, left_padded
 
 PROMPT = "import os\n\n\ndef join_all(paths):\n    "
 

@@ -301,7 +301,9 @@ def fit_head(head, data: dict, cfg: JudgeConfig) -> dict:
 def pick_threshold(scores: dict, exact: float, max_drop: float) -> float:
     """The threshold rule: ``min {t : scores[t] >= exact - max_drop}`` (the judge keeps most drafts
     at the lowest threshold), or 1.0 (the exact rule) where no candidate passes. ``scores`` maps each
-    candidate threshold to its GenEval-shapes, ``exact`` is SJD's on the same prompts and seeds."""
+    candidate threshold to its outcome, ``exact`` is the exact rule's on the same prompts and seeds:
+    GenEval-shapes against SJD's for the shapes judge, the real files' statements written for the
+    text judge (:mod:`visualspec.training.text_judge`)."""
     passing = [t for t, score in scores.items() if score >= exact - max_drop]
     return min(passing) if passing else 1.0
 

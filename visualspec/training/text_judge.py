@@ -46,7 +46,7 @@ from ..models.hf import HFCausalLM
 from ..text import generate_text
 from ..text.generate import encode_prompts
 from .common import claim_work_dir, write_training_record
-from .judge import RecordingDrafter, fit_head, labelled_chunks, sample_rejections
+from .judge import RecordingDrafter, fit_head, labelled_chunks, pick_threshold, sample_rejections
 
 OUTCOME = ("the continuation stays valid Python in its file through the next statement, and that statement "
            "is the target's (visualspec.eval.code)")
@@ -168,14 +168,6 @@ def fit_best(make_head, data: dict, cfg: TextJudgeConfig):
         fits.append((fit_head(head, data, replace(cfg, l2=l2)), l2, head))
     fit, l2, head = min(fits, key=lambda f: f[0]["validation_bce"])
     return head, {**fit, "l2": l2, "l2_validation_bce": {str(p): f["validation_bce"] for f, p, _ in fits}}
-
-
-def pick_threshold(outcomes: dict, exact: float, max_drop: float) -> float:
-    """The threshold rule: ``min {t : outcomes[t] >= exact - max_drop}``, or 1.0 (the exact rule)
-    where no candidate passes (``outcomes``: each candidate's mean outcome, ``exact``: the exact
-    decode's)."""
-    passing = [t for t, score in outcomes.items() if score >= exact - max_drop]
-    return min(passing) if passing else 1.0
 
 
 @torch.no_grad()
