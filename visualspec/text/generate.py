@@ -176,8 +176,7 @@ def _judge(judge, threshold, acceptance: str, model, drafter) -> JudgeRule | Non
         judge = JudgeHead.from_pretrained(judge)
     check_judge(judge, model, model.get_output_embeddings().weight.shape[1])  # HFCausalLM.feature_size
     judge = judge.to(next(model.parameters()).device).eval()
-    return JudgeRule(judge.score, judge.config.threshold if threshold is None else threshold,
-                     tag=judge.config.target_hash + ":" + weights_hash(judge))
+    return JudgeRule(judge.score, judge.config.threshold if threshold is None else threshold, tag=weights_hash(judge))
 
 
 MULTIDRAFT = {"rsd": (rsd_verify, "without_replacement"), "spectr": (spectr_verify, "iid"),
