@@ -9,7 +9,7 @@ so that a decode never recompiles mid-step (a model compiles its buckets before 
   code in its on-disk cache, so a later process compiles faster);
 - a known bucket's calls run under ``fail_on_recompile``: if torch ever wanted to recompile one,
   the call fails and names the bucket instead of recompiling silently in a loop;
-- past ``max_graphs`` buckets, new shapes run eagerly, with one warning.
+- past ``max_graphs`` buckets (:data:`MAX_GRAPHS`), new shapes run eagerly, with one warning.
 
 The slot buckets are a small pure rule (:func:`bucket_slots`); whether compiling pays is another
 (:func:`compile_pays`), read from measured step costs.
@@ -30,6 +30,7 @@ from .window_costs import announce, cached_window_costs, stored_window_costs
 
 COMPILE_CHOICES = (True, False, "auto")
 COMPILED_WINDOWS = 32  # the longest window a compiled step takes (the window search's largest); prefills run eagerly
+MAX_GRAPHS = 192  # compiled buckets a step keeps before new shapes run eagerly (StepCompiler)
 
 
 def check_compile(compile: Any) -> None:
@@ -212,12 +213,16 @@ class StepCompiler:
     replay overwrites.
     ``compile_s`` holds
     each compiled bucket's first-call seconds (the compile), ``eager`` the buckets that ran eagerly
-    past ``max_graphs``.
+    past ``max_graphs``: :data:`MAX_GRAPHS` by default, enough for one process that benchmarks every
+    decoding of a model at three batch sizes (each a plain, a featured, an AR and a fused Jacobi
+    step at every window and slot bucket: about 150); 48, the earlier cap, sent a two-batch-size
+    bench's second batch size partly eager (2026-12-07).
     """
 
-    def __init__(self, fn: Callable, name: str, describe: Callable[[Hashable], str] = str, max_graphs: int = 48,
-                 mode: str | None = None):
-        self.fn, self.name, self.describe, self.max_graphs, self.mode = fn, name, describe, max_graphs, mode
+    def __init__(self, fn: Callable, name: str, describe: Callable[[Hashable], str] = str,
+                 max_graphs: int | None = None, mode: str | None = None):
+        self.fn, self.name, self.describe, self.mode = fn, name, describe, mode
+        self.max_graphs = MAX_GRAPHS if max_graphs is None else max_graphs
         self.compiled = compile_in_mode(fn, mode)
         self.compile_s: dict[Hashable, float] = {}
         self.eager: set[Hashable] = set()
