@@ -284,13 +284,13 @@ class TokenImagePipeline(ImagePipeline):
         AR but for the noise of the measurements. ``windows``: the candidates (each a step's
         last committed token and its W - 1 drafts). The target must be compiled (or not)
         as the call will run it, every window bucket included, before this runs."""
-        def decode_at(w: int, drafts=drafter):
+        def decode_at(w: int, seed: int = 0, drafts=drafter):
             return decode(model, prefix, num_tokens, sampling, drafter=drafts, rule=rule if drafts else None,
-                          window=w, generator=make_generator(0), constraints=constraints)[1]
+                          window=w, generator=make_generator(seed), constraints=constraints)[1]
 
         self.last_window_policy = step_policy(model, decode_at, num_tokens, prefix_rows(prefix),
                                               step_tag(drafter, rule, sampling), windows,
-                                              ar_at=lambda: decode_at(1, None),
+                                              ar_at=lambda: decode_at(1, drafts=None),
                                               fixed=getattr(drafter, "carries_drafts", False) if fixed is None
                                               else fixed)
         return self.last_window_policy

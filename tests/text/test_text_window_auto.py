@@ -84,7 +84,7 @@ def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(
     clock, calls = [0.0], []
     monkeypatch.setattr(wc, "_clock", lambda: clock[0])
 
-    def decode_at(w):
+    def decode_at(w, seed):
         calls.append(w)
         clock[0] += (1 + w) * (10 if calls.count(w) == 1 else 1)
         return DecodeStats(mode="fake", batch_size=1, num_tokens=10, target_forwards=10 // w,
@@ -101,6 +101,25 @@ def test_whole_steps_are_timed_per_forward_the_slow_first_call_dropped_and_kept(
     assert wc.decode_step_costs(model, decode_at, 10, 1, "other", windows=(1,), cache_dir=tmp_path)[0] == {1: 2 / 10}
 
 
+def test_each_round_decodes_at_its_own_seed_and_the_yield_pools_them(tmp_path, monkeypatch):
+    """Round r decodes at seed r, and a window's tokens a step pool the rounds: 10 tokens over 5,
+    2 and 3 steps is 30 / 10 = 3.0 a step (the last round alone, the control, would say 3.33; one
+    seed in every round would say whatever that one image did)."""
+    clock, seeds = [0.0], []
+    monkeypatch.setattr(wc, "_clock", lambda: clock[0])
+    steps = {0: 5, 1: 2, 2: 3}
+
+    def decode_at(w, seed):
+        seeds.append(seed)
+        clock[0] += 1.0
+        return DecodeStats(mode="fake", batch_size=1, num_tokens=10, target_forwards=steps[seed],
+                           accepted_lengths=[1] * steps[seed])
+
+    costs, tokens = wc.decode_step_costs(tiny_hf("llama", vocab_size=64), decode_at, 10, 1, "fake", windows=(4,),
+                                         cache_dir=tmp_path, repeats=3)
+    assert seeds == [0, 1, 2] and tokens == {4: 3.0} and costs == {4: 1.0 / 5}
+
+
 def test_a_step_that_drafts_with_the_target_is_priced_whole(tmp_path, monkeypatch):
     """ASSD's rounds: a draft forward of the target and a verification. The cost of W is seconds
     over steps (target forwards less the drafting ones), so that it compares with AR's step: 12
@@ -109,7 +128,7 @@ def test_a_step_that_drafts_with_the_target_is_priced_whole(tmp_path, monkeypatc
     clock = [0.0]
     monkeypatch.setattr(wc, "_clock", lambda: clock[0])
 
-    def decode_at(w):
+    def decode_at(w, seed):
         clock[0] += 12.0
         return DecodeStats(mode="fake", batch_size=1, num_tokens=12, target_forwards=11, query_forwards=5,
                            accepted_lengths=[2] * 5)
@@ -128,7 +147,7 @@ def test_a_batchs_rate_counts_the_steps_its_fast_rows_wait(tmp_path, monkeypatch
     monkeypatch.setattr(wc, "_clock", lambda: clock[0])
     lengths = [4, 2, 4, 2, 3, 2, 2, 2, 1]
 
-    def decode_at(w):
+    def decode_at(w, seed):
         clock[0] += 7.0
         return DecodeStats(mode="fake", batch_size=2, num_tokens=12, target_forwards=7, accepted_lengths=lengths)
 
@@ -151,7 +170,7 @@ def test_plain_ar_is_timed_in_the_windows_rounds(tmp_path, monkeypatch):
                            accepted_lengths=[tokens] * forwards)
 
     model = tiny_hf("llama", vocab_size=64)
-    costs, tokens = wc.decode_step_costs(model, lambda w: timed(w, 2.0 * w, 10 // w, min(w, 3)), 10, 1, "fake",
+    costs, tokens = wc.decode_step_costs(model, lambda w, seed: timed(w, 2.0 * w, 10 // w, min(w, 3)), 10, 1, "fake",
                                          windows=(1, 2), cache_dir=tmp_path, ar_at=lambda: timed("AR", 1.0, 10, 1),
                                          repeats=3)
     assert calls == ["AR", 1, 2] * 3

@@ -323,12 +323,13 @@ def _store_tables(path: Path, updates: Mapping[str, Mapping[int, float]]) -> Non
         warnings.warn(f"could not write the window cost cache {path}: {e}")
 
 
-def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
+def decode_step_costs(model, decode_at: Callable[[int, int], Any], max_new_tokens: int, rows: int, tag: str,
                       windows: Sequence[int] = WINDOWS, repeats: int | None = None,
                       cache_dir: str | os.PathLike | None = None,
                       ar_at: Callable[[], Any] | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per target forward of whole decode steps, for each window W <= ``max_new_tokens``:
-    ``decode_at(W)`` runs a real decode at the fixed window W and returns its stats (with
+    ``decode_at(W, seed)`` runs a real decode at the fixed window W, its randomness from ``seed``,
+    and returns its stats (with
     ``target_forwards``), so the cost holds everything a step does, the drafter's proposal, the
     forward, the rule and the commit, where :func:`measure_window_costs` holds the forward alone.
     The decode is the call's whole length: a shorter one would size its cache (and a compiled
@@ -344,8 +345,10 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
     decode is spent. Kept in ``window_costs.json`` under :func:`cost_signature` with
     ``|steps=tag`` appended (``tag`` names what else sets a step's cost: the drafter, the rule,
     greedy or sampled); a stored table that holds every wanted W is returned without decoding.
-    Returns ``(costs, tokens)``: ``tokens`` are the tokens a row generated in W's last timed
-    decode over that decode's steps (the prefill one of them; plain AR: 1), kept beside under
+    Returns ``(costs, tokens)``: ``tokens`` are the tokens a row generated in W's timed decodes
+    over their steps (the prefill one of each; plain AR: 1), pooled over the rounds, each of which
+    decodes at its own seed (round r: seed r), so that a yield is not one image's
+    (docs/experiments/2026-12-07-window-tables-seeded-rounds.md); kept beside under
     ``|tokens``, so that ``tokens[W] / costs[W]`` is the rate the whole decode reached. At a batch
     it is below the mean tokens a row committed per step (``accepted_lengths``): a step runs for
     every row until the last one finishes, and rows that accept more wait for the others (at batch
@@ -363,15 +366,17 @@ def decode_step_costs(model, decode_at: Callable[[int], Any], max_new_tokens: in
         return {w: stored[w] for w in wanted}, {w: seen[w] for w in wanted}
     announce(f"window costs: timing whole decode steps of {type(model).__name__} at {rows} model rows, {tag}, "
              f"on this machine, once (kept in {path})")
-    t0, measured, tokens = _clock(), {}, {}
-    for _ in range(repeats):
+    t0, measured, made, taken = _clock(), {}, dict.fromkeys(wanted, 0.0), dict.fromkeys(wanted, 0)
+    for seed in range(repeats):
         for w in wanted:
             start = _clock()
-            stats = ar_at() if w == 0 else decode_at(w)
+            stats = ar_at() if w == 0 else decode_at(w, seed)
             steps = max(int(stats.target_forwards) - int(stats.query_forwards), 1)
             seconds = (_clock() - start) / steps
             measured[w] = min(seconds, measured.get(w, seconds))
-            tokens[w] = stats.tokens_per_sequence / steps
+            made[w] += stats.tokens_per_sequence
+            taken[w] += steps
+    tokens = {w: made[w] / taken[w] for w in wanted}
     announce(f"window costs: whole decode steps measured in {_clock() - t0:.1f} s")
     _store_tables(path, {key: measured, key + "|tokens": tokens})
     return measured, tokens
@@ -398,7 +403,7 @@ def step_tag(drafter, rule, sampling) -> str:
     return f"{drafter.cost_tag()}|rule={rule_tag(rule)}|{'greedy' if sampling.greedy else 'sampled'}"
 
 
-def step_policy(model, decode_at: Callable[[int], Any], max_new_tokens: int, rows: int, tag: str,
+def step_policy(model, decode_at: Callable[[int, int], Any], max_new_tokens: int, rows: int, tag: str,
                 windows: Sequence[int] = WINDOWS, cache_dir: str | os.PathLike | None = None,
                 ar_at: Callable[[], Any] | None = None, fixed: bool = False) -> WindowPolicy:
     """The policy of ``window="auto"`` for a decode that speculates: one table of whole decode

@@ -358,9 +358,9 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     elif isinstance(drafts, FeatureDrafter):
         drafts.model.compile_step(False)
     if window == "auto" and tree is None:  # whole steps timed as this decode runs them: compiled or eager
-        def decode_at(w):
+        def decode_at(w, seed=0):
             return decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=w,
-                          generator=make_generator(0, device=device))[1]
+                          generator=make_generator(seed, device=device))[1]
 
         def ar_at():
             return decode(target, prefix, max_new_tokens, sampling, generator=make_generator(0, device=device))[1]
