@@ -65,7 +65,11 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
 
     def reset(self, rows: int, columns: int, valid: torch.Tensor | None = None) -> None:
         """An empty cache of ``columns`` columns for ``rows`` rows; ``valid`` (rows, <= columns) bool
-        marks the first columns a row may attend (the rest may all be attended once written)."""
+        marks the first columns a row may attend (the rest may all be attended once written). As a
+        decode begins, each compiled bucket's guards are checked once more, then skipped until the
+        next reset (:meth:`~visualspec.core.compiled.StepCompiler.recheck`, as the target's prefill
+        does): a drafter step's bucket key names its rows, pairs, columns and dtype, and ``select``
+        gives fewer rows, a new key."""
         if columns > self.rope.shape[0]:
             raise ValueError(f"the feature drafter decodes at most {self.rope.shape[0]} columns (max_len), "
                              f"asked for {columns}")
@@ -76,6 +80,9 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         self._valid = torch.ones(rows, columns, dtype=torch.bool, device=weight.device)
         if valid is not None:
             self._valid[:, :valid.shape[1]] = valid
+        for compiler in (self._compiler, self._tree_compiler):
+            if compiler is not None:
+                compiler.recheck()
 
     def step(self, embeddings: torch.Tensor, features: torch.Tensor, columns: torch.Tensor,
              compiled: bool = True, compile_new: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:

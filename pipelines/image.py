@@ -37,7 +37,7 @@ from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
 from ..core.window import WINDOWS, prefix_rows
 from ..core.window_costs import step_policy, step_tag, window_policy
-from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, JacobiDrafter
+from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, HybridDrafter, JacobiDrafter
 from ..models.feature_drafter import check_target, weights_hash
 from ..models.judge import check_judge
 from .base import VisualSpecPipeline
@@ -209,7 +209,8 @@ def window_lengths(window) -> list[int]:
 
 # ---------------------------------------------------------------------- token decodings
 
-DRAFTS = ("jacobi", "feature", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
+DRAFTS = ("jacobi", "feature", "hybrid", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
+HYBRID_FEATURE_DEPTH = 1  # drafts="hybrid": positions the feature drafter drafts, where a folder sets none
 DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "judge": "jacobi",
                   "speculative": "draft_model", "feature": "feature"}
 
@@ -225,6 +226,7 @@ TOKEN_BENCH_MODES = {
     "speculative": dict(decoding="speculative"),
     "feature": dict(decoding="feature"),
     "sjd+feature": dict(decoding="sjd", drafts="feature"),  # +feature: a relaxed rule over the feature drafter's drafts
+    "sjd+hybrid": dict(decoding="sjd", drafts="hybrid"),  # +hybrid: the feature drafter's first drafts, Jacobi's after
 }
 
 
@@ -331,11 +333,13 @@ class TokenImagePipeline(ImagePipeline):
                        jacobi_init: str, coupling: bool, lantern_k: int = 1, lantern_delta: float | None = None,
                        lantern_lambda: float | None = None, gsd_group_size: int = 0,
                        gsd_max_distance: float | None = None, draft: tuple | None = None, feature: tuple | None = None,
-                       drafts: str | None = None, judge: tuple | None = None):
+                       drafts: str | None = None, judge: tuple | None = None,
+                       feature_depth: int = HYBRID_FEATURE_DEPTH):
         """``(drafter, rule)`` of ``decoding`` for every token pipeline: Jacobi drafts for sjd,
-        lantern and gsd (or ``drafts="feature"`` / ``"draft_model"``'s); a draft model's (``draft``:
+        lantern and gsd (or ``drafts="feature"`` / ``"hybrid"`` / ``"draft_model"``'s); a draft model's (``draft``:
         ``(model, prefix)``) for speculative; a feature drafter's (``feature``: ``(drafter network,
-        target)``) for feature; the
+        target)``) for feature; for ``"hybrid"`` the feature drafter's first ``feature_depth`` drafts
+        and Jacobi's past them (:class:`~visualspec.drafters.HybridDrafter`); the
         exact rule, or LANTERN's (``lantern_k`` nearest codes of :meth:`neighbour_table`, budget
         ``lantern_delta`` or ``lantern_lambda``) or GSD's (groups over :meth:`code_vectors`), or a
         judge's (``judge``: ``(judge head, target, threshold)``, :class:`visualspec.core.judge.JudgeRule`).
@@ -346,9 +350,12 @@ class TokenImagePipeline(ImagePipeline):
             drafter = JacobiDrafter(vocab_size, jacobi_init, grid_width=grid_width, coupling=coupling)
         elif kind == "draft_model":
             drafter = DraftModelDrafter(*draft)
-        elif kind == "feature":
+        elif kind in ("feature", "hybrid"):
             check_target(feature[0], feature[1], feature[1].feature_size)
             drafter = FeatureDrafter(*feature)
+            if kind == "hybrid":
+                jacobi = JacobiDrafter(vocab_size, jacobi_init, grid_width=grid_width, coupling=coupling)
+                drafter = HybridDrafter(drafter, jacobi, feature_depth)
         if decoding == "lantern" and not sampling.greedy:
             delta = None if lantern_lambda is not None else lantern_delta
             rule = partial(lantern_verify, neighbours=self.neighbour_table(lantern_k), delta=delta, lam=lantern_lambda)

@@ -14,8 +14,8 @@ from ..core.window import WINDOWS
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline
-from .image import (DEFAULT_DRAFTS, DRAFTS, TOKEN_BENCH_MODES, PromptConditioning, TokenImagePipeline,
-                    check_draft_compatible, window_lengths, window_policy)
+from .image import (DEFAULT_DRAFTS, DRAFTS, HYBRID_FEATURE_DEPTH, TOKEN_BENCH_MODES, PromptConditioning,
+                    TokenImagePipeline, check_draft_compatible, window_lengths, window_policy)
 
 
 @register_pipeline
@@ -48,7 +48,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                  default_jacobi_init: str = "random", default_epsilon_cutoff: float = 0.0,
                  default_coupling: bool = False, default_gsd_group_size: int = 3,
                  default_gsd_max_distance: float | None = None, default_siblings: int = 1,
-                 default_sibling_depth: int = 2):
+                 default_sibling_depth: int = 2, default_feature_depth: int = HYBRID_FEATURE_DEPTH):
         super().__init__()
         self.register_modules(transformer=transformer, vq_model=vq_model, text_encoder=text_encoder,
                               tokenizer=tokenizer, draft_model=draft_model, feature_drafter=feature_drafter,
@@ -60,7 +60,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                                 default_epsilon_cutoff=default_epsilon_cutoff, default_coupling=default_coupling,
                                 default_gsd_group_size=default_gsd_group_size,
                                 default_gsd_max_distance=default_gsd_max_distance,
-                                default_siblings=default_siblings, default_sibling_depth=default_sibling_depth)
+                                default_siblings=default_siblings, default_sibling_depth=default_sibling_depth,
+                                default_feature_depth=default_feature_depth)
         self._neighbour_tables: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ LANTERN neighbourhoods
@@ -97,6 +98,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         coupling: bool | None = None,
         siblings: int | None = None,
         sibling_depth: int | None = None,
+        feature_depth: int | None = None,
         lantern_k: int | None = None,
         lantern_delta: float | None = None,
         lantern_lambda: float | None = None,
@@ -122,8 +124,11 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
           or ``"judge"`` (Jacobi drafts kept where exact verification or the folder's ``judge`` accepts
           them: judge decoding, lossy, see ``judge_threshold``).
         - ``drafts``: what drafts for ``"sjd"``, ``"lantern"``, ``"gsd"`` and ``"judge"``: ``"jacobi"`` (the
-          default), ``"feature"`` (the feature drafter: LANTERN or GSD over learned drafts) or
-          ``"draft_model"``; the rule stays the decoding's.
+          default), ``"feature"`` (the feature drafter: LANTERN or GSD over learned drafts),
+          ``"hybrid"`` (the feature drafter's first ``feature_depth`` drafts of each window, Jacobi's
+          past them) or ``"draft_model"``; the rule stays the decoding's.
+        - ``feature_depth``: for ``drafts="hybrid"``, how many positions after the committed tokens
+          the feature drafter drafts (>= 1). Default from the folder.
         - ``guidance_scale``, ``top_k``, ``epsilon_cutoff``, ``lantern_k``, ``lantern_delta`` and
           ``jacobi_init`` default to the model's own settings (``pipe.config.default_*``; LlamaGen's
           are 4.0, 0 = no top-k, 0 = no cut-off, 1000, 0.1 and ``"random"``).
@@ -161,12 +166,14 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         d = self.folder_defaults(jacobi_init=jacobi_init, coupling=coupling, siblings=siblings,
                                  sibling_depth=sibling_depth, top_k=top_k, epsilon_cutoff=epsilon_cutoff,
                                  lantern_k=lantern_k, lantern_delta=lantern_delta, gsd_group_size=gsd_group_size,
-                                 gsd_max_distance=gsd_max_distance, guidance_scale=guidance_scale)
+                                 gsd_max_distance=gsd_max_distance, guidance_scale=guidance_scale,
+                                 feature_depth=feature_depth)
         self.check_inputs(decoding, output_type, window, num_images_per_prompt, batch_size, d["jacobi_init"],
                           d["coupling"], d["lantern_k"], d["lantern_delta"], lantern_lambda, d["gsd_group_size"],
-                          d["gsd_max_distance"], d["siblings"], d["sibling_depth"], drafts, judge_threshold)
+                          d["gsd_max_distance"], d["siblings"], d["sibling_depth"], drafts, judge_threshold,
+                          feature_depth)
         drafts = drafts or DEFAULT_DRAFTS.get(decoding)
-        features = drafts == "feature"
+        features = drafts in ("feature", "hybrid")
         judge = None
         if decoding == "judge":
             judge = (self.judge, self.transformer,
@@ -195,7 +202,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
             coupling=d["coupling"], lantern_k=min(d["lantern_k"], vocab - 1), lantern_delta=d["lantern_delta"],
             lantern_lambda=lantern_lambda, gsd_group_size=d["gsd_group_size"],
             gsd_max_distance=d["gsd_max_distance"], draft=draft,
-            feature=(self.feature_drafter, model) if features else None, drafts=drafts, judge=judge)
+            feature=(self.feature_drafter, model) if features else None, drafts=drafts, judge=judge,
+            feature_depth=d["feature_depth"])
         siblings, sibling_depth = d["siblings"], d["sibling_depth"]
         tree = drafter is not None and siblings > 1 and sibling_depth > 0
         compiled = compiled_step(model, compile, lambda r: prefix_of(model, list(range(r))), num_tokens, rows, slots)
@@ -218,7 +226,8 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
 
         with self.progress_bar(total=num_tokens * rows) as bar:
             mode = (decoding + (f"+{drafts}" if drafts != DEFAULT_DRAFTS.get(decoding) else "")
-                    + ("+coupling" if d["coupling"] and drafts == "jacobi" else "") + ("+pd" if tree else "")
+                    + ("+coupling" if d["coupling"] and drafts in ("jacobi", "hybrid") else "")
+                    + ("+pd" if tree else "")
                     + ("+compiled" if compiled else ""))
             tokens, stats = decode(model, prefix, num_tokens, sampling, drafter=drafter, rule=rule, window=window,
                                    generator=gen, mode=mode, progress=bar.update, siblings=siblings if tree else 1,
@@ -240,7 +249,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
 
     def check_inputs(self, decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
                      lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance, siblings=1,
-                     sibling_depth=2, drafts=None, judge_threshold=None) -> None:
+                     sibling_depth=2, drafts=None, judge_threshold=None, feature_depth=None) -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         self.check_token_options(decoding, window, jacobi_init, coupling, lantern_k, lantern_delta, lantern_lambda)
         self.check_common(output_type, num_images_per_prompt, batch_size)
@@ -259,12 +268,16 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if drafts == "draft_model" and self.draft_model is None:
             raise ValueError(f"decoding={decoding!r} with draft-model drafts needs a draft_model; load one with "
                              "from_pretrained(..., draft_model=model), or decode with Jacobi drafts ('sjd')")
-        if drafts == "feature" and self.feature_drafter is None:
-            raise ValueError(f"decoding={decoding!r} with feature drafts needs a feature_drafter (visualspec "
+        if drafts in ("feature", "hybrid") and self.feature_drafter is None:
+            raise ValueError(f"decoding={decoding!r} with {drafts} drafts needs a feature_drafter (visualspec "
                              "train-drafter --model); load one with from_pretrained(..., feature_drafter=model), or "
                              "decode with Jacobi drafts ('sjd')")
-        if drafts == "feature" and siblings > 1:
-            raise ValueError("feature drafts are chains; proactive drafting (siblings > 1) needs siblings=1")
+        if drafts in ("feature", "hybrid") and siblings > 1:
+            raise ValueError(f"{drafts} drafts are chains; proactive drafting (siblings > 1) needs siblings=1")
+        if feature_depth is not None:
+            if drafts != "hybrid":
+                raise ValueError(f"feature_depth is for drafts='hybrid', not {drafts!r}")
+            check_int("feature_depth", feature_depth, 1)
         if decoding == "judge" and self.judge is None:
             raise ValueError("decoding='judge' needs a judge (visualspec train-judge); load one with "
                              "from_pretrained(..., judge=JudgeHead.from_pretrained(folder)), or decode with 'sjd'")

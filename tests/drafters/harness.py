@@ -110,6 +110,21 @@ def drafter_net(target: HFCausalLM, seed=0, dtype=torch.float64, cls=FeatureDraf
     return net.to(dtype).eval()
 
 
+class CopyingDraftModel(FeatureDraftModel):
+    """A feature drafter network that returns the feature it is fed (its cache still written): it
+    drafts the target's own prediction of the position before, so its drafts show whether each
+    position's real feature reached it."""
+
+    def step(self, embeddings, features, columns, **options):
+        super().step(embeddings, features, columns, **options)
+        return features
+
+
+def copying_net(target) -> CopyingDraftModel:
+    """A :class:`CopyingDraftModel` for ``target``, in float64."""
+    return CopyingDraftModel(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128).double()
+
+
 class NoFeatures:
     """A token model that only gives logits (no ``feature_size``): what a feature reader refuses."""
     vocab_size = 16

@@ -6,9 +6,9 @@ samples keep decoding lossless (chi-square against the exact law, with a control
 import pytest
 import torch
 
-from conftest import tiny_hf
-from drafters.harness import (N, V, NoFeatures, drafter_net, prompt_prefix, ragged_greedy_ar, ragged_prompts,
-                             reporting_uniform_law)
+from conftest import assert_guards_checked_once_a_decode, tiny_hf
+from drafters.harness import (N, V, NoFeatures, copying_net, drafter_net, prompt_prefix, ragged_greedy_ar,
+                             ragged_prompts, reporting_uniform_law)
 from visualspec.core.engine import Requests, decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
@@ -63,13 +63,7 @@ def test_the_drafter_gets_each_positions_own_features_and_a_shifted_control_fail
     feature drafts exactly the target's own prediction of the position before (a stale Jacobi
     draft). The control hands it each window's features one position off: its drafts then differ."""
     target = HFCausalLM(tiny_hf("llama", seed=3))  # a greedy path of varied tokens
-
-    class Copy(FeatureDraftModel):
-        def step(self, embeddings, features, columns, **options):
-            super().step(embeddings, features, columns, **options)
-            return features
-
-    net = Copy(feature_size=target.feature_size, n_head=4, ffn_hidden=64, max_len=128).double()
+    net = copying_net(target)
     prefix = torch.tensor([[3, 5, 7, 9]])
     greedy = SamplingConfig(temperature=0.0)
     ar, _ = decode(target, prefix, 16, greedy)
@@ -249,6 +243,21 @@ def test_an_image_model_feeds_a_feature_drafter_under_guidance(compiled):
     net = drafter_net(target)
     out, _ = decode(target, labels, 16, sampling, drafter=FeatureDrafter(net, target), window=3)
     assert torch.equal(out, ar)
+
+
+@torch.no_grad()
+def test_the_drafter_step_checks_its_guards_once_a_decode():
+    """As the targets' compiled steps do: after a reset (a decode's start) each compiled bucket's
+    first call checks torch's guards and the later calls skip them, and a change its bucket key
+    does not name (the fusion weight's layout) is caught at the first call after the next reset."""
+    target = HFCausalLM(tiny_hf("llama"))
+    net = drafter_net(target)
+    net.compile_step()
+    rows, columns = 2, 16
+    net.precompile(rows, columns, [1])
+    pair = torch.zeros(rows, 1, target.feature_size, dtype=torch.float64)
+    assert_guards_checked_once_a_decode(lambda: net.reset(rows, columns),
+                                        lambda position: net.step(pair, pair, torch.full((rows, 1), position)), net.fc)
 
 
 def test_a_decode_whose_window_policy_prices_the_drafts_equals_ar():

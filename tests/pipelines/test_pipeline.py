@@ -133,6 +133,15 @@ def test_a_pipeline_with_a_feature_drafter_saves_loads_and_decodes_exactly(tmp_p
     assert torch.equal(greedy_ar, auto.images) and auto.stats.mode in ("sjd+feature", "sjd+feature as AR")
     relaxed = loaded([1, 3], decoding="lantern", drafts="feature", window=3, seed=0, output_type="latent")
     assert relaxed.stats.mode == "lantern+feature" and relaxed.stats.draft_forwards > 0
+    # the hybrid: its first drafts, Jacobi's past them (greedy exact; coupling and a relaxed rule take them too)
+    hybrid = loaded([1, 3], decoding="sjd", drafts="hybrid", feature_depth=2, window=5, temperature=0,
+                    output_type="latent")
+    assert torch.equal(greedy_ar, hybrid.images) and hybrid.stats.mode == "sjd+hybrid"
+    assert hybrid.stats.draft_forwards > 0
+    coupled = loaded([1, 3], decoding="lantern", drafts="hybrid", coupling=True, window=4, seed=0, output_type="latent")
+    assert coupled.stats.mode == "lantern+hybrid+coupling" and coupled.images.shape == greedy_ar.shape
+    with pytest.raises(ValueError, match="feature_depth must be an integer >= 1"):
+        loaded([1], decoding="sjd", drafts="hybrid", feature_depth=0)
     other = tiny_c2i_pipeline(seed=1)
     other.register_modules(feature_drafter=net)
     with pytest.raises(ValueError, match="trained against a target whose weights hash"):
@@ -143,6 +152,8 @@ def test_a_pipeline_with_a_feature_drafter_saves_loads_and_decodes_exactly(tmp_p
     (dict(decoding="medusa"), "unknown decoding mode"),
     (dict(decoding="feature"), "needs a feature_drafter"),
     (dict(decoding="lantern", drafts="feature"), "with feature drafts needs a feature_drafter"),
+    (dict(decoding="sjd", drafts="hybrid"), "with hybrid drafts needs a feature_drafter"),
+    (dict(feature_depth=2), "feature_depth is for drafts='hybrid', not 'jacobi'"),
     (dict(decoding="sjd", drafts="eagle"), "unknown drafts 'eagle'"),
     (dict(decoding="ar", drafts="jacobi"), "decoding='ar' makes no drafts"),
     (dict(window=0), "window"),

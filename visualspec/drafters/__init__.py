@@ -11,7 +11,8 @@ drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft mode
 restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). Continuous tokens:
 :class:`ContinuousDraftModelDrafter` (CSpD's draft model). Learned from the target:
 :class:`FeatureDrafter` (EAGLE-style drafting from the target's features) and
-:class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them). Any-order models:
+:class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them); and
+:class:`HybridDrafter` (a feature drafter's drafts next to the committed tokens, Jacobi's past them). Any-order models:
 :class:`AnySubsetDrafter` (ASSD's drafts of the next cells of the order, from the target itself).
 """
 
@@ -19,6 +20,7 @@ from ..core.engine import Drafter
 from .any_order import AnySubsetDrafter
 from .continuous import ContinuousDraftModelDrafter
 from .feature import ChimeraDrafter, FeatureDrafter
+from .hybrid import HybridDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
 from .jacobi import INIT_SCHEMES, JacobiDrafter, JacobiStep, coupled_redraft
 from .ngram import NGramDrafter
@@ -26,4 +28,4 @@ from .stand import StandDrafter
 
 __all__ = ["Drafter", "JacobiDrafter", "JacobiStep", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
            "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter",
-           "FeatureDrafter", "ChimeraDrafter", "AnySubsetDrafter"]
+           "FeatureDrafter", "ChimeraDrafter", "HybridDrafter", "AnySubsetDrafter"]

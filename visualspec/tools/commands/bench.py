@@ -16,7 +16,7 @@ def register(sub, common) -> None:
                    help="comma-separated, the pipeline's bench modes (default: its own list); token models: ar, sjd, "
                         "sjd+coupling, sjd+pd, sjd+coupling+pd, lantern, gsd, judge (a judge in the folder), speculative, "
                         "feature (a feature drafter in the folder), lantern+feature and gsd+feature (the relaxed rules "
-                        "over its drafts), lantern@DELTA and judge@THRESHOLD (another budget or threshold), "
+                        "over its drafts), sjd+hybrid (its first drafts, Jacobi's past them), lantern@DELTA and judge@THRESHOLD (another budget or threshold), "
                         "each also +compiled (the "
                         "compiled step; otherwise eager); continuous-token models: ar, cspd, cspd+flat, each "
                         "optionally @STEPS for that many diffusion-head steps; any mode +int8 (or another --quantize scheme) "

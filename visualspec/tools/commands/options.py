@@ -80,7 +80,10 @@ IMAGE_OPTIONS = (
                              "compiles where measurements on this machine say it pays (a first --compile on run "
                              "measures them)"),
     ("drafts", str, "LlamaGen, for sjd, lantern and gsd: jacobi (default), feature (the folder's feature drafter: "
-                    "LANTERN or GSD over learned drafts) or draft_model"),
+                    "LANTERN or GSD over learned drafts), hybrid (the feature drafter's first --feature-depth drafts, "
+                    "Jacobi's past them) or draft_model"),
+    ("feature_depth", int, "--drafts hybrid: positions the feature drafter drafts in each window (default: the "
+                           "model's own)"),
     ("coupling", on_off, "on or off: coupled Jacobi drafts (lossless; default: the model's own)"),
     ("gsd_group_size", int, "GSD group half-width (default: the model's own)"),
     ("siblings", int, "proactive drafting: candidates at each of the first --sibling-depth draft positions, scored "
