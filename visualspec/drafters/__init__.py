@@ -10,10 +10,11 @@ Model-free drafters: :class:`NGramDrafter` (prompt lookup, deterministic drafts)
 drafters: :class:`DraftModelDrafter` and :class:`VocabTrimDrafter` (a draft model whose LM head is
 restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). Continuous tokens:
 :class:`ContinuousDraftModelDrafter` (CSpD's draft model). Learned from the target:
-:class:`FeatureDrafter` (EAGLE-style drafting from the target's features) and
-:class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them); and
-:class:`HybridDrafter` (a feature drafter's drafts next to the committed tokens, Jacobi's past them). Any-order models:
-:class:`AnySubsetDrafter` (ASSD's drafts of the next cells of the order, from the target itself).
+:class:`FeatureDrafter` (EAGLE-style drafting from the target's features),
+:class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them) and
+:class:`HybridDrafter` (a feature drafter's drafts next to the committed tokens, Jacobi's past
+them). Any-order models: :class:`AnySubsetDrafter` (ASSD's drafts of the next cells of the order,
+from the target itself).
 """
 
 from ..core.engine import Drafter
