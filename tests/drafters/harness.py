@@ -90,6 +90,19 @@ def ragged_prompts():
     return ids, (ids != 0).long()
 
 
+def queued_greedy_ar(num_tokens: int = 10):
+    """Continuous batching's case: a tiny Llama target, six ragged prompts queued for two slots
+    (``Requests``), each request's prompt as a function of the request indices (what a feature
+    drafter reads), and the target's greedy AR tokens of all six decoded at once."""
+    from visualspec.core.engine import Requests, decode
+
+    target = HFCausalLM(tiny_hf("llama"))
+    ids, mask = ragged_prompts()
+    ids, mask = torch.cat([ids, ids.flip(0)]), torch.cat([mask, mask.flip(0)])
+    ar, _ = decode(target, (ids, mask), num_tokens, SamplingConfig(temperature=0.0))
+    return target, Requests(count=6, prefix=lambda r: (ids[r], mask[r]), slots=2), lambda r: (ids[r], mask[r]), ar
+
+
 def ragged_greedy_ar(static: bool = False, num_tokens: int = 12):
     """A tiny Llama target (a static cache or not), :func:`ragged_prompts` and the target's greedy
     AR tokens after them, which every lossless drafter must reproduce."""

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import assert_guards_checked_once_a_decode, tiny_hf
-from drafters.harness import (N, V, NoFeatures, copying_net, drafter_net, prompt_prefix, ragged_greedy_ar,
-                             ragged_prompts, reporting_uniform_law)
-from visualspec.core.engine import Requests, decode
+from drafters.harness import (N, V, NoFeatures, copying_net, drafter_net, prompt_prefix, queued_greedy_ar,
+                             ragged_greedy_ar, ragged_prompts, reporting_uniform_law)
+from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import ChimeraDrafter, FeatureDrafter
@@ -45,16 +45,12 @@ def test_greedy_output_equals_ar_on_ragged_rows(static):
 
 @pytest.mark.parametrize("kind", ["eagle", "chimera"])
 def test_greedy_output_equals_ar_with_continuous_batching(kind):
-    target = HFCausalLM(tiny_hf("llama"))
-    ids, mask = ragged_prompts()
-    ids, mask = torch.cat([ids, ids.flip(0)]), torch.cat([mask, mask.flip(0)])
-    greedy = SamplingConfig(temperature=0.0)
-    ar, _ = decode(target, (ids, mask), 10, greedy)
-    requests = Requests(count=6, prefix=lambda r: (ids[r], mask[r]), slots=2)
+    target, requests, prompts, ar = queued_greedy_ar()
     net = drafter_net(target) if kind == "eagle" else drafter_net(target, cls=ChimeraDraftModel, heads=3)
-    drafter = FeatureDrafter.for_model(net, target, lambda r: (ids[r], mask[r]))
+    drafter = FeatureDrafter.for_model(net, target, prompts)
     assert isinstance(drafter, ChimeraDrafter) == (kind == "chimera")
-    out, _ = decode(target, requests, 10, greedy, drafter=drafter, window=3 if kind == "eagle" else 4)
+    out, _ = decode(target, requests, 10, SamplingConfig(temperature=0.0), drafter=drafter,
+                    window=3 if kind == "eagle" else 4)
     assert torch.equal(out, ar)
 
 

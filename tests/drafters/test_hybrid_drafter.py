@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import tiny_hf
-from drafters.harness import N, V, copying_net, drafter_net, prompt_prefix, ragged_greedy_ar, ragged_prompts
-from visualspec.core.engine import Requests, decode
+from drafters.harness import N, V, copying_net, drafter_net, prompt_prefix, queued_greedy_ar, ragged_greedy_ar
+from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
 from visualspec.drafters import FeatureDrafter, HybridDrafter, JacobiDrafter
@@ -58,14 +58,9 @@ def test_the_feature_drafter_reads_each_windows_features():
 
 
 def test_greedy_output_equals_ar_with_continuous_batching():
-    target = HFCausalLM(tiny_hf("llama"))
-    ids, mask = ragged_prompts()
-    ids, mask = torch.cat([ids, ids.flip(0)]), torch.cat([mask, mask.flip(0)])
-    greedy = SamplingConfig(temperature=0.0)
-    ar, _ = decode(target, (ids, mask), 10, greedy)
-    requests = Requests(count=6, prefix=lambda r: (ids[r], mask[r]), slots=2)
-    drafter = hybrid(drafter_net(target), target, lambda r: (ids[r], mask[r]), depth=1)
-    out, _ = decode(target, requests, 10, greedy, drafter=drafter, window=4)
+    target, requests, prompts, ar = queued_greedy_ar()
+    drafter = hybrid(drafter_net(target), target, prompts, depth=1)
+    out, _ = decode(target, requests, 10, SamplingConfig(temperature=0.0), drafter=drafter, window=4)
     assert torch.equal(out, ar)
 
 
