@@ -211,6 +211,7 @@ def window_lengths(window) -> list[int]:
 
 DRAFTS = ("jacobi", "feature", "hybrid", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
 HYBRID_FEATURE_DEPTH = 1  # drafts="hybrid": positions the feature drafter drafts, where a folder sets none
+FEATURE_DRAFTS = ("feature", "hybrid")  # the drafts a feature drafter makes (all, or the first of each window)
 DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "judge": "jacobi",
                   "speculative": "draft_model", "feature": "feature"}
 
@@ -350,7 +351,7 @@ class TokenImagePipeline(ImagePipeline):
             drafter = JacobiDrafter(vocab_size, jacobi_init, grid_width=grid_width, coupling=coupling)
         elif kind == "draft_model":
             drafter = DraftModelDrafter(*draft)
-        elif kind in ("feature", "hybrid"):
+        elif kind in FEATURE_DRAFTS:
             check_target(feature[0], feature[1], feature[1].feature_size)
             drafter = FeatureDrafter(*feature)
             if kind == "hybrid":

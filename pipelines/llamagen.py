@@ -14,8 +14,8 @@ from ..core.window import WINDOWS
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline
-from .image import (DEFAULT_DRAFTS, DRAFTS, HYBRID_FEATURE_DEPTH, TOKEN_BENCH_MODES, PromptConditioning,
-                    TokenImagePipeline, check_draft_compatible, window_lengths, window_policy)
+from .image import (DEFAULT_DRAFTS, DRAFTS, FEATURE_DRAFTS, HYBRID_FEATURE_DEPTH, TOKEN_BENCH_MODES,
+                    PromptConditioning, TokenImagePipeline, check_draft_compatible, window_lengths, window_policy)
 
 
 @register_pipeline
@@ -173,7 +173,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                           d["gsd_max_distance"], d["siblings"], d["sibling_depth"], drafts, judge_threshold,
                           feature_depth)
         drafts = drafts or DEFAULT_DRAFTS.get(decoding)
-        features = drafts in ("feature", "hybrid")
+        features = drafts in FEATURE_DRAFTS
         judge = None
         if decoding == "judge":
             judge = (self.judge, self.transformer,
@@ -268,11 +268,11 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if drafts == "draft_model" and self.draft_model is None:
             raise ValueError(f"decoding={decoding!r} with draft-model drafts needs a draft_model; load one with "
                              "from_pretrained(..., draft_model=model), or decode with Jacobi drafts ('sjd')")
-        if drafts in ("feature", "hybrid") and self.feature_drafter is None:
+        if drafts in FEATURE_DRAFTS and self.feature_drafter is None:
             raise ValueError(f"decoding={decoding!r} with {drafts} drafts needs a feature_drafter (visualspec "
                              "train-drafter --model); load one with from_pretrained(..., feature_drafter=model), or "
                              "decode with Jacobi drafts ('sjd')")
-        if drafts in ("feature", "hybrid") and siblings > 1:
+        if drafts in FEATURE_DRAFTS and siblings > 1:
             raise ValueError(f"{drafts} drafts are chains; proactive drafting (siblings > 1) needs siblings=1")
         if feature_depth is not None:
             if drafts != "hybrid":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.checks import check_positive_int
 from ..core.engine import Drafter
 from ..core.verify import point_mass
 from .feature import FeatureDrafter
@@ -36,9 +37,7 @@ class HybridDrafter(Drafter):
     carries_drafts = True  # the positions past ``depth`` carry over from one step to the next
 
     def __init__(self, feature: FeatureDrafter, jacobi: JacobiDrafter, depth: int):
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"a hybrid drafter's depth (the positions the feature drafter drafts) must be an "
-                             f"integer >= 1, got {depth!r}")
+        check_positive_int("a hybrid drafter's depth (the positions the feature drafter drafts)", depth)
         self.feature, self.jacobi, self.depth = feature, jacobi, depth
 
     @property
