@@ -82,6 +82,16 @@ def visualspec_home(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True)
+def no_pooled_calls():
+    """Each test starts with no calls pooled into a window table (the pool lives in the process,
+    so one test's calls would otherwise move another's window)."""
+    from visualspec.core.window import CallPool
+
+    CallPool.clear()
+    yield
+
+
 @pytest.fixture
 def make_tiny_llamagen():
     return tiny_llamagen

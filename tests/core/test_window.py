@@ -398,3 +398,31 @@ def test_a_fixed_policy_takes_the_window_whose_fixed_decode_committed_fastest():
         seen.add(w)
         moving.observe(w, torch.tensor([float(w)]))
     assert seen != {4}
+
+
+def test_split_steps():
+    """sum ceil(c / w): 3 and 2 tokens take 3 + 2 steps of 1, 2 + 1 of 2, 1 + 1 of 4."""
+    from visualspec.core.window import split_steps
+
+    committed = torch.tensor([3, 2])
+    assert [split_steps(committed, w) for w in (1, 2, 4, 8)] == [5, 3, 2, 2]
+    with pytest.raises(ValueError, match="window"):
+        split_steps(committed, 0)
+
+
+def test_pooled_tokens_weigh_the_table_as_one_call():
+    """t(W) = (N + S_W) / (N / t_0(W) + n_W): a table of N = 12 tokens at 4 a step (3 steps) and a
+    call of 9 steps committing 1 each give (12 + 9) / (3 + 9) = 1.75; a window without pooled
+    steps keeps the table's; a pool adds a call's tokens and the steps of every w up to its window
+    they stand for (ceil(c / w) each), and nothing above it."""
+    from visualspec.core.window import CallPool, pooled_tokens
+
+    assert pooled_tokens({1: 1.0, 4: 4.0, 8: 6.0}, {4: (9.0, 9)}, 12) == {1: 1.0, 4: 1.75, 8: 6.0}
+    pool = CallPool("k", [1, 2, 4, 8])
+    pool.add(4, [3, 1, 4])
+    assert pool.pool == {2: (8.0, 5), 4: (8.0, 3)}
+    pool.add(2, torch.tensor([2, 2]))
+    assert pool.pool == {2: (12.0, 7), 4: (8.0, 3)}
+    assert CallPool("other", [1, 2]).pool == {}  # kept per table
+    CallPool.clear()
+    assert pool.pool == {}

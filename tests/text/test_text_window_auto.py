@@ -252,3 +252,42 @@ def test_the_engine_tells_the_search_whether_drafts_carry():
     for drafter in (JacobiDrafter(64, "repeat_left"), NGramDrafter([[3, 5, 7, 3, 5]])):
         decode(target, prompt, 8, greedy, drafter=drafter, window=policy)
     assert asked == [True, False]
+
+
+def test_calls_pool_their_yield_into_the_table_and_a_new_process_starts_from_it(monkeypatch, tokenizer):
+    """The table (timed on one prompt) says every draft is accepted, and steps cost 1 + 0.1 W
+    (AR's 1.1): the first call takes W = 16. Its draft model never agrees with the target, so each
+    call's pooled yield pulls the next call's window down (a window not run since keeps its last
+    estimate, so 16, 4, 8, 2, ...), to AR, which pools nothing and so stays; the tokens stay
+    generate's. Forgetting the pool (a new process) starts from the table's W = 16
+    again (the control)."""
+    import visualspec.text.generate as gen
+    from visualspec.core.window import CallPool, best_fixed_window
+
+    def tables(model, decode_at, max_new_tokens, rows, tag, windows=wc.WINDOWS, ar_at=None, **kw):
+        costs = {w: 1.0 + 0.1 * w for w in windows if w <= max_new_tokens}
+        return {**costs, 0: 1.1}, {**{w: float(w) for w in costs}, 0: 1.0}
+
+    policies = []
+
+    def step_policy(*args, **kw):
+        policies.append(wc.step_policy(*args, **kw))
+        return policies[-1]
+
+    monkeypatch.setattr(wc, "decode_step_costs", tables)
+    monkeypatch.setattr(gen, "step_policy", step_policy)
+    model = tiny_hf("llama", vocab_size=64)
+    ref = generate_reference(model, tokenizer, TEXT_PROMPTS[2], 24)
+
+    def window():
+        out = generate_text(model, tokenizer, TEXT_PROMPTS[2], drafter=tiny_hf("llama", seed=1, vocab_size=64),
+                            max_new_tokens=24, temperature=0)
+        assert out.token_ids[0] == ref[:len(out.token_ids[0])]
+        policy = policies[-1]
+        return 1 if policy.as_ar else best_fixed_window(policy.costs(1), policy.tokens)
+
+    windows = [window() for _ in range(12)]
+    assert windows[0] == 16 and max(windows[1:]) <= 8 and windows[-1] == 1, windows
+    assert windows[windows.index(1):] == [1] * (len(windows) - windows.index(1)), windows  # AR pools nothing
+    CallPool.clear()
+    assert window() == 16

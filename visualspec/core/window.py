@@ -138,6 +138,73 @@ def speculation_pays(costs: Mapping[int, float], tokens: Mapping[int, float], ar
     return max(tokens[w] / costs[w] for w in drafting) * ar_cost > 1.0 + margin
 
 
+def split_steps(committed, window: int) -> int:
+    """The steps of window ``w`` that steps of a larger window would have taken for the same
+    tokens: ``sum_r ceil(c_r / w)``, where ``c_r`` is what each row-step committed.
+
+    A step that committed c tokens had its first c - 1 drafts accepted. At w the first w - 1 of
+    them are the same drafts (for drafts made afresh each step from the committed tokens: n-gram,
+    STAND, a draft model, a feature drafter), and the next step, w tokens on, drafts from the very
+    context the larger step's later drafts were drawn after (its accepted drafts are the committed
+    tokens), so the c tokens take ceil(c / w) steps. Exact for a greedy draft model; measured
+    within 3 % of real decodes at w for n-gram, STAND and the feature drafter, where ``min(c, w)``
+    tokens a step (one step per step) read 2-22 % low
+    (docs/experiments/2026-12-07-window-guard.md). Not for drafts carried between steps
+    (Jacobi's), whose first drafts depend on the window the steps before used."""
+    check_positive_int("window", window)
+    committed = torch.as_tensor(committed, dtype=torch.long)
+    return int(((committed + window - 1) // window).sum())
+
+
+def pooled_tokens(tokens: Mapping[int, float], pool: Mapping[int, tuple[float, int]],
+                  new_tokens: int) -> dict[int, float]:
+    """A table's tokens per row-step with later calls pooled in:
+    ``t(W) = (N + S_W) / (N / t_0(W) + n_W)``, where ``t_0(W)`` is the table's own (its decode of
+    ``N = new_tokens`` tokens a row counts as one call, of N / t_0(W) steps) and ``pool[W] =
+    (S_W, n_W)`` are the tokens the calls since committed at W or a larger window and the row-steps
+    of W they stand for (:func:`split_steps`). Windows without pooled steps keep t_0."""
+    pooled = dict(tokens)
+    for w, t in tokens.items():
+        if w > 1 and pool.get(w, (0.0, 0))[1] > 0:
+            made, steps = pool[w]
+            pooled[w] = (new_tokens + made) / (new_tokens / t + steps)
+    return pooled
+
+
+class CallPool:
+    """The yield of the calls a fixed policy ran in this process, per table (``key``): each call
+    at window W adds, for every w <= W of ``windows``, its tokens and the row-steps of w they
+    stand for (:func:`split_steps`, for drafts made afresh each step), so the next call's policy
+    (:func:`pooled_tokens`) weighs the table's one decode against every call since. Kept in
+    memory: a new process starts from the table again."""
+
+    _pools: dict[str, dict[int, list]] = {}
+
+    def __init__(self, key: str, windows):
+        self.key, self.windows = key, sorted(int(w) for w in windows)
+
+    @property
+    def pool(self) -> dict[int, tuple[float, int]]:
+        """W -> (tokens, row-steps of W) of the calls pooled so far."""
+        return {w: (made, steps) for w, (made, steps) in self._pools.get(self.key, {}).items()}
+
+    def add(self, window: int, committed) -> None:
+        """A call at ``window`` whose row-steps committed ``committed`` tokens each."""
+        committed = torch.as_tensor(committed, dtype=torch.long)
+        if not committed.numel():
+            return
+        pool = self._pools.setdefault(self.key, {})
+        for w in self.windows:
+            if 1 < w <= window:
+                made, steps = pool.get(w, (0.0, 0))
+                pool[w] = [made + float(committed.sum()), steps + split_steps(committed, w)]
+
+    @classmethod
+    def clear(cls) -> None:
+        """Forget every call pooled in this process."""
+        cls._pools.clear()
+
+
 class FixedWindow:
     """The search of a ``fixed`` :class:`WindowPolicy`: every step takes :func:`best_fixed_window`
     of the table at the step's model rows, whatever the steps commit."""
@@ -276,13 +343,16 @@ class WindowPolicy:
     and tokens of whole decodes at each fixed window) skips the search: every step takes
     :func:`best_fixed_window` (:class:`FixedWindow`), which on the shapes model committed tokens
     faster than a search that mixes windows
-    (docs/experiments/2026-11-28-fixed-window-vs-search.md).
+    (docs/experiments/2026-11-28-fixed-window-vs-search.md). ``pool`` (a :class:`CallPool`, with
+    ``fixed``) takes each call's yield once it has run (:meth:`pool_call`), for the next call's
+    policy.
     """
 
     def __init__(self, tables: Mapping[int, Mapping[int, float]],
                  tree_tables: Mapping[int, Mapping[int, float]] | None = None,
-                 tokens: Mapping[int, float] | None = None, as_ar: bool = False, fixed: bool = False):
-        self.as_ar, self.fixed = bool(as_ar), bool(fixed)
+                 tokens: Mapping[int, float] | None = None, as_ar: bool = False, fixed: bool = False,
+                 pool: CallPool | None = None):
+        self.as_ar, self.fixed, self.pool = bool(as_ar), bool(fixed), pool
         self.tokens = {int(w): float(t) for w, t in (tokens or {}).items()}
         if not tables:
             raise ValueError("a window policy needs at least one cost table")
@@ -302,6 +372,12 @@ class WindowPolicy:
 
         rows = prefix_rows(prefix)
         return cls({rows: cached_window_costs(model, prefix, max_new_tokens, windows, cache_dir)})
+
+    def pool_call(self, stats, model_rows: int) -> None:
+        """Hands a finished call's row-steps (``stats.accepted_lengths``) to the policy's ``pool``,
+        at the fixed window it ran; nothing where there is no pool, or the call ran as AR."""
+        if self.pool is not None and self.fixed and not self.as_ar:
+            self.pool.add(best_fixed_window(self.costs(model_rows), self.tokens), stats.accepted_lengths)
 
     def costs(self, model_rows: int) -> dict[int, float]:
         """The cost table used at ``model_rows`` rows."""

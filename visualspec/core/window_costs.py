@@ -33,7 +33,8 @@ import torch
 from .checks import check_positive_int
 from .home import home
 from .proactive import tree_step_timer
-from .window import SPECULATION_MARGIN, WINDOWS, WindowPolicy, best_fixed_window, prefix_rows, speculation_pays
+from .window import (SPECULATION_MARGIN, WINDOWS, CallPool, WindowPolicy, best_fixed_window, pooled_tokens, prefix_rows,
+                     speculation_pays)
 
 CACHE_FILE = "window_costs.json"
 _clock = time.perf_counter  # one name, so tests can swap in a fake clock
@@ -405,7 +406,7 @@ def step_tag(drafter, rule, sampling) -> str:
 
 def step_policy(model, decode_at: Callable[[int, int], Any], max_new_tokens: int, rows: int, tag: str,
                 windows: Sequence[int] = WINDOWS, cache_dir: str | os.PathLike | None = None,
-                ar_at: Callable[[], Any] | None = None, fixed: bool = False) -> WindowPolicy:
+                ar_at: Callable[[], Any] | None = None, fixed: bool = False, pooled: bool = False) -> WindowPolicy:
     """The policy of ``window="auto"`` for a decode that speculates: one table of whole decode
     steps at ``rows`` model rows, each window's own cost and the tokens its decode committed as the
     search's first estimate (:func:`decode_step_costs`). A step that does not pay for itself,
@@ -417,9 +418,21 @@ def step_policy(model, decode_at: Callable[[int, int], Any], max_new_tokens: int
     (:func:`visualspec.core.window.speculation_pays`), the policy's ``as_ar`` is set, and the
     engine decodes without drafts. ``fixed``: the policy takes the best
     of those fixed windows at every step, with no search (:class:`visualspec.core.window.FixedWindow`);
-    where that is W = 1 it decodes as AR too."""
+    where that is W = 1 it decodes as AR too.
+
+    ``pooled`` (for drafts made afresh each step, with ``fixed``): the table's tokens are pooled
+    with those of this process's earlier calls on the same table
+    (:func:`visualspec.core.window.pooled_tokens`), and the policy's ``pool``
+    (:class:`visualspec.core.window.CallPool`) takes this call's once it has run
+    (:meth:`WindowPolicy.pool_call`). A greedy text table is one prompt's yield (nothing random to
+    pool over), so a first prompt that repeats itself more than later ones would otherwise hold
+    every call at a window they do not repay (docs/experiments/2026-12-07-window-guard.md)."""
     costs, tokens = decode_step_costs(model, decode_at, max_new_tokens, rows, tag, windows, cache_dir=cache_dir,
                                       ar_at=ar_at)
+    pool = None
+    if pooled:
+        pool = CallPool(cost_signature(model, rows, max_new_tokens) + f"|steps={tag}", [w for w in costs if w])
+        tokens = {**tokens, **pooled_tokens({w: t for w, t in tokens.items() if w}, pool.pool, max_new_tokens)}
     as_ar = False
     if ar_at is not None:
         as_ar = not speculation_pays({w: c for w, c in costs.items() if w}, tokens, costs.pop(0),
@@ -427,7 +440,7 @@ def step_policy(model, decode_at: Callable[[int, int], Any], max_new_tokens: int
         tokens.pop(0)
     # a fixed policy whose best window is W = 1 would run plain AR's step with the drafter's upkeep
     as_ar |= fixed and best_fixed_window(costs, tokens) == 1
-    return WindowPolicy({rows: costs}, tokens=tokens, as_ar=as_ar, fixed=fixed)
+    return WindowPolicy({rows: costs}, tokens=tokens, as_ar=as_ar, fixed=fixed, pool=pool)
 
 
 # ---------------------------------------------------------------------------- the policy of window="auto"

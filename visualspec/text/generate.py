@@ -240,8 +240,9 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     engine picks it each step from what a whole decode step of each window costs on this machine
     (the drafts, the forward, the rule and the commit, timed once per model, drafter, rule and
     batch size by real decodes of this length at each fixed window and cached on disk:
-    :func:`visualspec.core.window_costs.decode_step_costs`) and the acceptance seen so far, and
-    decodes plain AR (W = 1) wherever speculating would be slower.
+    :func:`visualspec.core.window_costs.decode_step_costs`) and the tokens a step those decodes
+    committed, pooled with this process's earlier calls on the same table; it decodes plain AR
+    (W = 1) wherever speculating would be slower.
     ``temperature=0`` is greedy.
 
     ``draft_vocab`` (with a draft model or a feature drafter) trims the draft LM head to a kept set
@@ -366,8 +367,9 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             return decode(target, prefix, max_new_tokens, sampling, generator=make_generator(0, device=device))[1]
 
         # the table's best fixed window at every step (docs/experiments/2026-11-28-text-fixed-window.md)
+        # pooled with this process's earlier calls: a greedy table is one prompt's yield
         window = step_policy(target, decode_at, max_new_tokens, rows, step_tag(drafts, rule, sampling), ar_at=ar_at,
-                             fixed=True)
+                             fixed=True, pooled=not getattr(drafts, "carries_drafts", False))
     if dynamic:
         tokens, stats = decode_dynamic_tree(target, prefix, max_new_tokens, sampling, drafts, depth=depth,
                                             width=tree_width, generator=generator,
@@ -383,6 +385,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                                     rule=greedy_multidraft_verify if sampling.greedy else multidraft_rule,
                                     generator=generator, mode=f"{mode} tree {branches}x{depth} {multidraft}",
                                     stop_token=eos)
+    if hasattr(window, "pool_call"):
+        window.pool_call(stats, rows)
     token_ids = []
     for row in tokens.tolist():
         if eos is not None and eos in row:

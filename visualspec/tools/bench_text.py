@@ -209,7 +209,7 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
-    model row (the compiled rows named ``auto window`` choose it each step instead, as
+    model row (the rows named ``auto window``, eager and compiled, choose it each call instead, as
     ``generate_text``'s default ``window="auto"`` does); the main draft model rows draft up to ``draft_window - 1`` tokens and stop early
     below ``stop_below`` (as transformers' assisted generation stops below its confidence threshold).
     ``compile``: ``"off"``, the eager rows; ``"on"``, the compiled rows (visualspec's on a static
@@ -254,6 +254,9 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         "visualspec draft tree 2x3 (rsd)": ours(drafter=draft, window=7, branches=2),
         "visualspec n-gram": ours(drafter="ngram", window=window),
         "visualspec STAND": ours(drafter="stand", window=window),
+        # generate_text's defaults with compile=False: each call at its table's window, pooled over calls
+        "visualspec n-gram, auto window": ours(drafter="ngram", window="auto"),
+        "visualspec STAND, auto window": ours(drafter="stand", window="auto"),
         "visualspec Jacobi": ours(drafter="jacobi", window=window),
     }
     compiled = {

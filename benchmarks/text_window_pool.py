@@ -1,0 +1,120 @@
+"""Text's window="auto" with and without the pool of calls (docs/experiments/2026-12-07-window-guard.md).
+
+    python benchmarks/text_window_pool.py variants --seed 17 --prompts 24 --first first
+    python benchmarks/text_window_pool.py variants --seed 17 --prompts 24 --first copying
+    python benchmarks/text_window_pool.py estimate --seed 17 --prompts 12
+
+``variants``: compiled AR and the compiled ``window="auto"`` rows of n-gram, STAND, the shipped
+draft model and feature drafter, each with the pool off and on, interleaved prompt by prompt on
+``--prompts`` held-out prompts of ``--seed``. Each row's first call times its table: on the first
+prompt (``first``), or on the prompt among the next 40 whose greedy continuation a 2-gram lookup
+predicts best (``copying``). Run each in a fresh ``VISUALSPEC_HOME`` so the tables are timed anew.
+Prints tokens per second, the speed over AR, tau, and the score (geometric mean over the drafters).
+
+``estimate``: each drafter decodes at fixed windows 2, 4, 8 and 32; the window-32 decodes' row-steps
+estimate the smaller windows' tokens a step by ``min(c, w)`` and by ``c`` over ``ceil(c / w)`` steps
+(:func:`visualspec.core.window.split_steps`), beside the real decodes.
+"""
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+import visualspec.text.generate as gen
+from visualspec.core import window_costs
+from visualspec.core.window import split_steps
+from visualspec.text import generate_text
+from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
+
+NEW_TOKENS = 128
+
+
+def copying_share(prompt_ids: list[int], continuation: list[int]) -> float:
+    """The share of ``continuation`` a 2-gram lookup over the text before each token predicts."""
+    ids, hits = list(prompt_ids), 0
+    for token in continuation:
+        key, guess = tuple(ids[-2:]), None
+        for j in range(len(ids) - 3, -1, -1):
+            if tuple(ids[j:j + 2]) == key:
+                guess = ids[j + 2]
+                break
+        hits += guess == token
+        ids.append(token)
+    return hits / len(continuation)
+
+
+def variants(args, tokenizer, target, drafters, call):
+    texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+    first = texts[0]
+    if args.first == "copying":
+        candidates = held_out_prompts(pair_folder(), tokenizer, args.prompts + 40, PROMPT_TOKENS,
+                                      seed=args.seed)[args.prompts:]
+        shares = [copying_share(tokenizer(p).input_ids, call(p).token_ids[0]) for p in candidates]
+        first = candidates[max(range(len(candidates)), key=shares.__getitem__)]
+        print(f"first call: candidate {shares.index(max(shares))}, copying share {max(shares):.2f}")
+    pooled = {"on": True}
+    step_policy = window_costs.step_policy
+
+    def toggled(*a, **kw):  # the pool as generate_text asks for it, or off
+        return step_policy(*a, **{**kw, "pooled": kw.get("pooled", False) and pooled["on"]})
+
+    gen.step_policy = toggled
+    rows = [("ar", None)] + [(name, v) for name in drafters for v in ("off", "on")]
+    seconds, tokens, forwards = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0), dict.fromkeys(rows, 0)
+    for i, prompt in enumerate([first, *texts]):
+        for row in rows:
+            pooled["on"] = row[1] == "on"
+            t0 = time.perf_counter()
+            out = call(prompt, drafter=drafters.get(row[0]))
+            if i:  # the first round is the warm-up that times the tables
+                seconds[row] += time.perf_counter() - t0
+                tokens[row] += len(out.token_ids[0])
+                forwards[row] += out.stats.target_forwards
+    speed = {row: tokens[row] / seconds[row] for row in rows}
+    result = {f"{name}|{v}": {"tokens_per_s": round(speed[name, v], 1), "vs_ar": round(speed[name, v] / speed[rows[0]], 3),
+                              "tau": round(tokens[name, v] / forwards[name, v], 2)} for name, v in rows}
+    for v in ("off", "on"):
+        logs = [math.log(speed[name, v] / speed[rows[0]]) for name in drafters]
+        result[f"score|{v}"] = round(math.exp(sum(logs) / len(logs)), 4)
+    return result
+
+
+def estimate(args, tokenizer, target, drafters, call):
+    texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+    result = {}
+    for name, drafter in drafters.items():
+        steps = {w: [c for p in texts for c in call(p, drafter=drafter, window=w).stats.accepted_lengths]
+                 for w in (2, 4, 8, 32)}
+        wide = steps[32]
+        result[name] = {w: {"real": round(sum(steps[w]) / len(steps[w]), 3),
+                            "min(c, w)": round(sum(min(c, w) for c in wide) / len(wide), 3),
+                            "split": round(sum(wide) / split_steps(wide, w), 3)} for w in (2, 4, 8)}
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", choices=("variants", "estimate"))
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--first", choices=("first", "copying"), default="first")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = pair_folder()
+    tokenizer, target, draft = load_pair(folder)
+    drafters = {"ngram": "ngram", "stand": "stand", "draft": draft, "feature": load_feature_drafter(folder)}
+
+    def call(prompt, drafter=None, **kw):
+        return generate_text(target, tokenizer, prompt, drafter=drafter, max_new_tokens=NEW_TOKENS, temperature=0,
+                             generator=torch.Generator().manual_seed(0), compile=True, **kw)
+
+    study = variants if args.study == "variants" else estimate
+    print(json.dumps(study(args, tokenizer, target, drafters, call), indent=1))
+
+
+if __name__ == "__main__":
+    main()
