@@ -260,7 +260,7 @@ def test_calls_pool_their_yield_into_the_table_and_a_new_process_starts_from_it(
     call's pooled yield pulls the next call's window down (a window not run since keeps its last
     estimate, so 16, 4, 8, 2, ...), to AR, which pools nothing and so stays; the tokens stay
     generate's. Forgetting the pool (a new process) starts from the table's W = 16
-    again (the control)."""
+    again (the control). A call of several prompts does not pool."""
     import visualspec.text.generate as gen
     from visualspec.core.window import CallPool, best_fixed_window
 
@@ -291,3 +291,6 @@ def test_calls_pool_their_yield_into_the_table_and_a_new_process_starts_from_it(
     assert windows[windows.index(1):] == [1] * (len(windows) - windows.index(1)), windows  # AR pools nothing
     CallPool.clear()
     assert window() == 16
+    generate_text(model, tokenizer, TEXT_PROMPTS, drafter=tiny_hf("llama", seed=1, vocab_size=64), max_new_tokens=24,
+                  temperature=0)
+    assert policies[-1].pool is None  # several rows: their table holds several prompts already

@@ -241,8 +241,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     (the drafts, the forward, the rule and the commit, timed once per model, drafter, rule and
     batch size by real decodes of this length at each fixed window and cached on disk:
     :func:`visualspec.core.window_costs.decode_step_costs`) and the tokens a step those decodes
-    committed, pooled with this process's earlier calls on the same table; it decodes plain AR
-    (W = 1) wherever speculating would be slower.
+    committed (for one prompt, pooled with this process's earlier calls on the same table); it
+    decodes plain AR (W = 1) wherever speculating would be slower.
     ``temperature=0`` is greedy.
 
     ``draft_vocab`` (with a draft model or a feature drafter) trims the draft LM head to a kept set
@@ -367,9 +367,11 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             return decode(target, prefix, max_new_tokens, sampling, generator=make_generator(0, device=device))[1]
 
         # the table's best fixed window at every step (docs/experiments/2026-11-28-text-fixed-window.md)
-        # pooled with this process's earlier calls: a greedy table is one prompt's yield
+        # one row: pooled with this process's earlier calls, as a greedy table is one prompt's yield
+        # (a table of several rows holds several prompts, and its tokens a row-step count the steps
+        # a row waited for the others, which a call's own row-steps do not)
         window = step_policy(target, decode_at, max_new_tokens, rows, step_tag(drafts, rule, sampling), ar_at=ar_at,
-                             fixed=True, pooled=not getattr(drafts, "carries_drafts", False))
+                             fixed=True, pooled=rows == 1 and not getattr(drafts, "carries_drafts", False))
     if dynamic:
         tokens, stats = decode_dynamic_tree(target, prefix, max_new_tokens, sampling, drafts, depth=depth,
                                             width=tree_width, generator=generator,
