@@ -19,7 +19,8 @@ batch (the model and drafter keep only the live rows).
 
 **Window.** ``window`` is a fixed number of tokens per forward, or a
 :class:`visualspec.core.window.WindowPolicy` that picks it each step from the measured cost of a
-window at the current batch size and the acceptance seen so far, so that speculation is never
+window at the current batch size and the tokens a step its timed decodes committed (a search
+also from the acceptance seen so far in the call), so that speculation is not expected to be
 slower than one-token steps.
 
 This module holds :func:`decode` and the protocols it runs on. The rows in flight and the run of
