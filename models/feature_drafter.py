@@ -31,6 +31,7 @@ from .llamagen import TransformerBlock, rotary
 from .rotary import rope_1d
 
 COMPILED_WINDOWS = 16  # the longest window the compiled step takes (in power-of-two buckets)
+CHAIN_DRAFTS = 15  # the most greedy drafts one compiled chain makes (windows up to 16); longer ones loop
 
 
 class FeatureDraftModel(ModelMixin, ConfigMixin):
@@ -52,6 +53,7 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         self.register_buffer("rope", rope_1d(max_len, feature_size // n_head, rope_base), persistent=False)
         self._cache = None
         self._compiler, self._tree_compiler, self._compiled = None, None, False
+        self._chains = {}  # (head, embedding) modules -> the compiler of their greedy draft chain
 
     def forward(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Training: the pairs (B, L, D) each of columns 0..L-1 (``features`` already shifted: the
@@ -80,7 +82,7 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         self._valid = torch.ones(rows, columns, dtype=torch.bool, device=weight.device)
         if valid is not None:
             self._valid[:, :valid.shape[1]] = valid
-        for compiler in (self._compiler, self._tree_compiler):
+        for compiler in (self._compiler, self._tree_compiler, *self._chains.values()):
             if compiler is not None:
                 compiler.recheck()
 
@@ -131,6 +133,57 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
     def _tree_step(self, embeddings, features, columns, slots, attend):
         x = self.fuse(embeddings, features)
         return self.layer(x, rotary(self.rope[columns], x.dtype), attend[:, None], (*self._cache, None), slots)
+
+    def chains(self, k: int) -> bool:
+        """Whether :meth:`greedy_chain` takes ``k`` drafts: compiled, and 1 <= k <= :data:`CHAIN_DRAFTS`."""
+        return self._compiled and 1 <= k <= CHAIN_DRAFTS
+
+    def greedy_chain(self, first: torch.Tensor, columns: torch.Tensor, k: int, head: nn.Module, embedding: nn.Module,
+                     feature_dtype: torch.dtype, compile_new: bool = False) -> torch.Tensor:
+        """``k`` greedy drafts (B, k) in one compiled graph, where :meth:`compile_step` was called and
+        1 <= k <= :data:`CHAIN_DRAFTS`: draft j is the argmax of ``head`` (the target's LM head, a
+        module) on the predicted feature ``g`` (``first`` (B, D) for j = 0), and, before the next,
+        the pair (``embedding`` of draft j, g) is stepped at cache column ``columns + j`` (B,) for
+        the next g; ``feature_dtype`` is the target's feature dtype, the head's input. The same
+        drafts as drawing and stepping one at a time (:meth:`step`, greedy), with one call a
+        proposal instead of 2k - 1. A chain shape not compiled before (:meth:`precompile_chain`;
+        ``compile_new``: compile it now) runs eagerly."""
+        if self._cache is None:
+            raise RuntimeError("call reset() before greedy_chain()")
+        if not self.chains(k):
+            raise ValueError(f"a compiled draft chain takes 1 to {CHAIN_DRAFTS} drafts after compile_step(); "
+                             f"got k={k} ({'compiled' if self._compiled else 'eager'})")
+        compiler = self._chains.get((head, embedding))
+        if compiler is None:
+            compiler = self._chains[head, embedding] = step_compiler(
+                None, lambda *a: self._chain(head, embedding, *a), "the feature drafter's draft chain",
+                _describe_chain, self._compiler.mode, self.fc.weight.device)
+        cache = self._cache[0]
+        key = ("chain", first.shape[0], k, cache.shape[2], cache.dtype, cache.device, feature_dtype,
+               torch.is_grad_enabled())
+        return compiler(key, dense(first), dense(columns), k, feature_dtype, compile_new=compile_new)
+
+    def _chain(self, head, embedding, first, columns, k: int, feature_dtype):
+        g, drafts = first, []
+        for j in range(k):
+            drafts.append(head(g.to(feature_dtype)[:, None])[:, 0].float().argmax(-1))
+            if j + 1 < k:
+                emb = embedding(drafts[-1][:, None]).to(self.fc.weight.dtype)
+                g = self._step(emb, g[:, None].to(emb.dtype), (columns + j)[:, None])[:, 0]
+        return torch.stack(drafts, 1)
+
+    @torch.no_grad()
+    def precompile_chain(self, rows: int, columns: int, drafts, head: nn.Module, embedding: nn.Module,
+                         feature_dtype: torch.dtype) -> None:
+        """Compile the greedy draft chains (:meth:`greedy_chain`) of ``rows`` rows over a cache of
+        ``columns`` columns for each count of ``drafts`` up to :data:`CHAIN_DRAFTS` (longer ones loop);
+        leaves an empty cache (reset before decoding)."""
+        self.reset(rows, columns)
+        first = self.fc.weight.new_zeros(rows, self.config.feature_size)
+        for k in sorted({k for k in drafts if 1 <= k <= CHAIN_DRAFTS}):
+            self.greedy_chain(first, torch.zeros(rows, dtype=torch.long, device=first.device), k, head, embedding,
+                              feature_dtype, compile_new=True)
+        self.reset(rows, columns)
 
     @property
     def valid_columns(self) -> torch.Tensor:
@@ -212,6 +265,11 @@ def load_draft_model(folder, **kwargs) -> FeatureDraftModel:
 def _describe_bucket(key) -> str:
     rows, pairs, columns, *_ = key
     return f"{rows} rows, {pairs} pairs, a {columns}-column cache"
+
+
+def _describe_chain(key) -> str:
+    _, rows, drafts, columns, *_ = key
+    return f"{rows} rows, {drafts} drafts, a {columns}-column cache"
 
 
 def _describe_tree_bucket(key) -> str:

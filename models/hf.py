@@ -151,6 +151,15 @@ class HFCausalLM:
         logits = torch.nn.functional.linear(features, self.head_weight, self.head_bias)
         return (torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits).float()
 
+    def chain_modules(self):
+        """``(head, embedding)``: the modules :meth:`head` and :meth:`embed_tokens` call, for a
+        feature drafter's compiled draft chain, which calls them inside its graph (they outlive this
+        adapter, so the graphs serve every call on the model); None where the head is trimmed
+        (``head_rows``)."""
+        if self.head_rows is not None:
+            return None
+        return self.model.get_output_embeddings(), self.model.get_input_embeddings()
+
     def kept_head(self, keep: torch.Tensor):
         """The LM head of :meth:`head` restricted to token ids ``keep`` (K,): a function of features
         (..., D) giving logits (..., K) in float32, :meth:`head`'s columns at ``keep`` for K/V of its

@@ -292,3 +292,65 @@ def test_a_targets_hash_is_kept_until_its_weights_change(monkeypatch):
     assert fd.weights_hash(model) != first and len(hashed) == 2
     model.load_state_dict(tiny_hf("llama").state_dict())
     assert fd.weights_hash(model) == first and len(hashed) == 3
+
+
+def test_greedy_compiled_proposals_run_as_one_chain(tokenizer, monkeypatch):
+    """Greedy and compiled, each proposal of k = 3 drafts is one call of the drafter's compiled
+    chain (compiled before the decode), with the tokens and the drafter forwards of the
+    draft-by-draft loop (the control: the chain turned off); sampled, the loop drafts."""
+    from visualspec.text import generate_text
+
+    model = tiny_hf("llama", vocab_size=64)
+    net = drafter_net(HFCausalLM(model))
+    calls, chain = [], FeatureDraftModel.greedy_chain
+    monkeypatch.setattr(FeatureDraftModel, "greedy_chain", lambda self, *a, **kw: calls.append(a[2]) or chain(self, *a, **kw))
+
+    def run(**kw):
+        return generate_text(model, tokenizer, "w1 w2 w3", drafter=net, window=4, max_new_tokens=12, compile=True,
+                             **{"temperature": 0, **kw})
+
+    out = run()
+    assert calls and set(calls) == {3}
+    assert [key[2] for c in net._chains.values() for key in c.compile_s] == [3]  # compiled before, not eager
+    chain_modules = FeatureDrafter.chain_modules
+    monkeypatch.setattr(FeatureDrafter, "chain_modules", lambda self, k: None)
+    loop = run()
+    assert loop.token_ids == out.token_ids and loop.stats.draft_forwards == out.stats.draft_forwards
+    assert loop.stats.accepted_lengths == out.stats.accepted_lengths  # the same drafts, accepted alike
+    monkeypatch.setattr(FeatureDrafter, "chain_modules", chain_modules)
+    calls.clear()
+    run(temperature=0.8, seed=1)
+    assert calls == []
+    run()
+    assert set(calls) == {3}  # the spy still counts (the control of the sampled call)
+
+
+@torch.no_grad()
+def test_a_greedy_chain_drafts_what_drawing_and_stepping_one_at_a_time_does():
+    """The compiled chain's k drafts equal the argmax of the head, then a step at the next column,
+    done one at a time eagerly from the same cache (drafts that vary, so a wrong token would show),
+    and it leaves the cache the loop leaves (a wrong column would show)."""
+    target = HFCausalLM(tiny_hf("llama"))
+    net = drafter_net(target)
+    net.compile_step()
+    head, embedding = target.chain_modules()
+    rows, columns, k = 2, 16, 4
+    pairs = torch.randn(rows, 4, target.feature_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    start = torch.tensor([4, 4])
+
+    def prefilled():
+        net.reset(rows, columns)
+        return net.step(pairs, pairs, torch.arange(4).expand(rows, 4), compiled=False)[:, -1]
+
+    chain = net.greedy_chain(prefilled(), start, k, head, embedding, torch.float64, compile_new=True)
+    chain_cache = [c.clone() for c in net._cache]
+    g, loop = prefilled(), []
+    for j in range(k):
+        loop.append(target.head(g[:, None])[:, 0].argmax(-1))
+        if j + 1 < k:
+            g = net.step(target.embed_tokens(loop[-1][:, None]), g[:, None], (start + j)[:, None], compiled=False)[:, 0]
+    assert torch.equal(chain, torch.stack(loop, 1)) and len(set(chain.flatten().tolist())) > 2
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(chain_cache, net._cache))  # written where the loop writes
+    assert [key[2] for c in net._chains.values() for key in c.compile_s] == [k]
+    with pytest.raises(ValueError, match="1 to 15 drafts"):
+        net.greedy_chain(g, start, 16, head, embedding, torch.float64)

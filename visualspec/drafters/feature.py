@@ -169,6 +169,17 @@ class FeatureDrafter(Drafter):
         self.consumed = nm
         return out.gather(1, (nm - 1 - consumed)[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0], nm
 
+    def chain_modules(self, k: int):
+        """The target's ``(head, embedding)`` modules where this proposal of ``k`` drafts runs as one
+        compiled greedy chain (:meth:`visualspec.models.feature_drafter.FeatureDraftModel.greedy_chain`):
+        greedy, no guidance, no draft vocabulary, a drafter network that chains ``k`` drafts (its
+        ``chains(k)``: compiled, k not too long), a target that offers them (``chain_modules``);
+        else None (draft by draft)."""
+        if not (self.sampling.greedy and self.sampling.model_rows_per_sample == 1 and self.keep is None
+                and getattr(self.model, "chains", lambda k: False)(k) and hasattr(self.target, "chain_modules")):
+            return None
+        return self.target.chain_modules()
+
     def propose(self, tokens, n, k, generator=None):
         B = tokens.shape[0]
         n = per_row(n, B, tokens.device)
@@ -176,6 +187,10 @@ class FeatureDrafter(Drafter):
         if k == 0:
             return drafts, None
         last, nm = self._catch_up(tokens, n)
+        chain = self.chain_modules(k)
+        if chain is not None:  # greedy: one compiled call for the k drafts; the rule reads no draft law
+            self._forwards += k - 1
+            return self.model.greedy_chain(last, self.P + nm, k, *chain, self.real.dtype).to(tokens.dtype), None
         probs = []
         for j in range(k):
             drafts[:, j], q = self._draw(last, generator)

@@ -1,0 +1,65 @@
+"""The shipped text feature drafter's greedy proposals: one compiled chain against draft by draft.
+
+    python benchmarks/feature_chain.py --window 8
+    python benchmarks/feature_chain.py --window 16 --seed 17 --prompts 8 --rounds 2
+
+Compiled, greedy, 128 new tokens, at a fixed window, on held-out prompts of ``--seed``: the same
+calls with the chain (``FeatureDraftModel.greedy_chain``, as ``generate_text`` runs them) and with
+it turned off, alternated prompt by prompt, after a warm-up call each (the first chain call's
+seconds, compiles included, are printed). Tokens per second, tau, and outputs equal to compiled AR's.
+"""
+
+import argparse
+import time
+
+import torch
+
+from visualspec.drafters import FeatureDrafter
+from visualspec.text import generate_text
+from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
+
+NEW_TOKENS = 128
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = pair_folder()
+    tokenizer, target, _ = load_pair(folder)
+    feature = load_feature_drafter(folder)
+    texts = held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+    chain_modules = FeatureDrafter.chain_modules
+
+    def call(prompt, chain, drafter=feature):
+        FeatureDrafter.chain_modules = chain_modules if chain else (lambda self, k: None)
+        return generate_text(target, tokenizer, prompt, drafter=drafter, window=args.window,
+                             max_new_tokens=NEW_TOKENS, temperature=0, compile=True)
+
+    t0 = time.perf_counter()
+    call(texts[0], True)
+    print(f"first chain call (compiles included): {time.perf_counter() - t0:.1f} s")
+    call(texts[0], False)
+    reference = [call(p, False, drafter=None).token_ids[0] for p in texts]
+    seconds, forwards, equal = {True: 0.0, False: 0.0}, {True: 0, False: 0}, {True: 0, False: 0}
+    for _ in range(args.rounds):
+        for prompt, ref in zip(texts, reference):
+            for chain in (True, False):
+                t0 = time.perf_counter()
+                out = call(prompt, chain)
+                seconds[chain] += time.perf_counter() - t0
+                forwards[chain] += out.stats.target_forwards
+                equal[chain] += out.token_ids[0] == ref
+    tokens = args.rounds * len(texts) * NEW_TOKENS
+    for chain in (True, False):
+        print(f"{'chain' if chain else 'draft by draft'}: {tokens / seconds[chain]:.1f} tokens/s, "
+              f"tau {tokens / forwards[chain]:.2f}, equal to AR {equal[chain]}/{args.rounds * len(texts)}")
+
+
+if __name__ == "__main__":
+    main()
