@@ -2,11 +2,13 @@
 
     python benchmarks/feature_chain.py --window 8
     python benchmarks/feature_chain.py --window 16 --seed 17 --prompts 8 --rounds 2
+    python benchmarks/feature_chain.py --window 8 --fr-spec      # FR-Spec: the head's 1,024 most frequent ids
 
 Compiled, greedy, 128 new tokens, at a fixed window, on held-out prompts of ``--seed``: the same
 calls with the chain (``FeatureDraftModel.greedy_chain``, as ``generate_text`` runs them) and with
 it turned off, alternated prompt by prompt, after a warm-up call each (the first chain call's
 seconds, compiles included, are printed). Tokens per second, tau, and outputs equal to compiled AR's.
+``--fr-spec``: both draft from the quarter of the vocabulary ``bench-text``'s FR-Spec rows keep.
 """
 
 import argparse
@@ -16,7 +18,8 @@ import torch
 
 from visualspec.drafters import FeatureDrafter
 from visualspec.text import generate_text
-from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
+from visualspec.tools.bench_text import (PROMPT_TOKENS, calibration_vocab, held_out_prompts, load_feature_drafter, load_pair,
+                                         pair_folder)
 
 NEW_TOKENS = 128
 
@@ -28,6 +31,7 @@ def main():
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fr-spec", action="store_true", help="draft from the kept quarter of the vocabulary")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     folder = pair_folder()
@@ -35,11 +39,13 @@ def main():
     feature = load_feature_drafter(folder)
     texts = held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
     chain_modules = FeatureDrafter.chain_modules
+    kept = calibration_vocab(folder, tokenizer, len(tokenizer) // 4) if args.fr_spec else None
 
     def call(prompt, chain, drafter=feature):
         FeatureDrafter.chain_modules = chain_modules if chain else (lambda self, k: None)
         return generate_text(target, tokenizer, prompt, drafter=drafter, window=args.window,
-                             max_new_tokens=NEW_TOKENS, temperature=0, compile=True)
+                             max_new_tokens=NEW_TOKENS, temperature=0, compile=True,
+                             draft_vocab=kept if drafter is not None else None)
 
     t0 = time.perf_counter()
     call(texts[0], True)

@@ -63,6 +63,27 @@ def linear_rows(layer: torch.nn.Module, rows: torch.Tensor) -> tuple[torch.Tenso
     return layer.weight.detach()[rows].contiguous(), None if bias is None else bias.detach()[rows]
 
 
+class KeptHead(torch.nn.Module):
+    """An LM head restricted to the token ids ``keep`` (K,): logits over the whole vocabulary of
+    ``vocab_size``, the head's at ``keep`` and -inf elsewhere, computed from the K kept rows only
+    (FR-Spec's draft head, as a module a compiled draft chain calls)."""
+
+    def __init__(self, head: torch.nn.Module, keep: torch.Tensor, vocab_size: int):
+        super().__init__()
+        weight, bias = linear_rows(head, keep)
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+        self.register_buffer("keep", keep.to(weight.device), persistent=False)
+        self.vocab_size = vocab_size
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        kept = torch.nn.functional.linear(features, self.weight, self.bias)
+        return kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf")).index_copy(-1, self.keep, kept)
+
+
+_KEPT_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
 class HFCausalLM:
     """Adapter from a transformers ``AutoModelForCausalLM`` to :class:`visualspec.core.engine.TokenModel`.
 
@@ -151,14 +172,22 @@ class HFCausalLM:
         logits = torch.nn.functional.linear(features, self.head_weight, self.head_bias)
         return (torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits).float()
 
-    def chain_modules(self):
+    def chain_modules(self, keep: torch.Tensor | None = None):
         """``(head, embedding)``: the modules :meth:`head` and :meth:`embed_tokens` call, for a
         feature drafter's compiled draft chain, which calls them inside its graph (they outlive this
-        adapter, so the graphs serve every call on the model); None where the head is trimmed
-        (``head_rows``)."""
+        adapter, so the graphs serve every call on the model); with ``keep`` (K token ids), the head
+        restricted to them (:class:`KeptHead`, made once per model and set of ids, as
+        :meth:`kept_head` computes it); None where the head is trimmed (``head_rows``)."""
         if self.head_rows is not None:
             return None
-        return self.model.get_output_embeddings(), self.model.get_input_embeddings()
+        head = self.model.get_output_embeddings()
+        if keep is not None:
+            heads = _KEPT_HEADS.setdefault(self.model, {})
+            ids = tuple(keep.tolist())
+            if ids not in heads:
+                heads[ids] = KeptHead(head, keep, self.vocab_size)
+            head = heads[ids]
+        return head, self.model.get_input_embeddings()
 
     def kept_head(self, keep: torch.Tensor):
         """The LM head of :meth:`head` restricted to token ids ``keep`` (K,): a function of features

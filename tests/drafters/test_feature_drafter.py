@@ -294,10 +294,12 @@ def test_a_targets_hash_is_kept_until_its_weights_change(monkeypatch):
     assert fd.weights_hash(model) == first and len(hashed) == 3
 
 
-def test_greedy_compiled_proposals_run_as_one_chain(tokenizer, monkeypatch):
+@pytest.mark.parametrize("draft_vocab", [None, 16])
+def test_greedy_compiled_proposals_run_as_one_chain(draft_vocab, tokenizer, monkeypatch):
     """Greedy and compiled, each proposal of k = 3 drafts is one call of the drafter's compiled
-    chain (compiled before the decode), with the tokens and the drafter forwards of the
-    draft-by-draft loop (the control: the chain turned off); sampled, the loop drafts."""
+    chain (compiled before the decode; with FR-Spec's kept head too), with the tokens, drafter
+    forwards and accepted lengths of the draft-by-draft loop (the control: the chain turned off);
+    sampled, the loop drafts."""
     from visualspec.text import generate_text
 
     model = tiny_hf("llama", vocab_size=64)
@@ -307,7 +309,7 @@ def test_greedy_compiled_proposals_run_as_one_chain(tokenizer, monkeypatch):
 
     def run(**kw):
         return generate_text(model, tokenizer, "w1 w2 w3", drafter=net, window=4, max_new_tokens=12, compile=True,
-                             **{"temperature": 0, **kw})
+                             draft_vocab=draft_vocab, **{"temperature": 0, **kw})
 
     out = run()
     assert calls and set(calls) == {3}
@@ -354,3 +356,17 @@ def test_a_greedy_chain_drafts_what_drawing_and_stepping_one_at_a_time_does():
     assert [key[2] for c in net._chains.values() for key in c.compile_s] == [k]
     with pytest.raises(ValueError, match="1 to 15 drafts"):
         net.greedy_chain(g, start, 16, head, embedding, torch.float64)
+
+
+def test_the_chains_kept_head_is_fr_specs_head_over_the_whole_vocabulary():
+    """The module a chain calls for FR-Spec: the kept rows' logits at their ids, -inf elsewhere
+    (what the draft-by-draft path draws from), made once per model and set of ids."""
+    from visualspec.drafters.draft_model import full_vocabulary
+
+    target = HFCausalLM(tiny_hf("llama", vocab_size=64))
+    keep = torch.tensor([3, 9, 17, 40])
+    head, _ = target.chain_modules(keep)
+    x = torch.randn(2, 1, target.feature_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(head(x).float(), full_vocabulary(target.kept_head(keep)(x), keep, 64))
+    assert HFCausalLM(target.model).chain_modules(keep)[0] is head
+    assert target.chain_modules()[0] is target.model.get_output_embeddings()

@@ -172,13 +172,13 @@ class FeatureDrafter(Drafter):
     def chain_modules(self, k: int):
         """The target's ``(head, embedding)`` modules where this proposal of ``k`` drafts runs as one
         compiled greedy chain (:meth:`visualspec.models.feature_drafter.FeatureDraftModel.greedy_chain`):
-        greedy, no guidance, no draft vocabulary, a drafter network that chains ``k`` drafts (its
-        ``chains(k)``: compiled, k not too long), a target that offers them (``chain_modules``);
-        else None (draft by draft)."""
-        if not (self.sampling.greedy and self.sampling.model_rows_per_sample == 1 and self.keep is None
+        greedy, no guidance, a drafter network that chains ``k`` drafts (its ``chains(k)``: compiled,
+        k not too long), a target that offers them (``chain_modules``, the head restricted to
+        ``keep`` where there is one); else None (draft by draft)."""
+        if not (self.sampling.greedy and self.sampling.model_rows_per_sample == 1
                 and getattr(self.model, "chains", lambda k: False)(k) and hasattr(self.target, "chain_modules")):
             return None
-        return self.target.chain_modules()
+        return self.target.chain_modules(self.keep)
 
     def propose(self, tokens, n, k, generator=None):
         B = tokens.shape[0]
