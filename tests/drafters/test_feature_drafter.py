@@ -305,7 +305,8 @@ def test_greedy_compiled_proposals_run_as_one_chain(draft_vocab, tokenizer, monk
     model = tiny_hf("llama", vocab_size=64)
     net = drafter_net(HFCausalLM(model))
     calls, chain = [], FeatureDraftModel.greedy_chain
-    monkeypatch.setattr(FeatureDraftModel, "greedy_chain", lambda self, *a, **kw: calls.append(a[2]) or chain(self, *a, **kw))
+    monkeypatch.setattr(FeatureDraftModel, "greedy_chain",
+                        lambda self, *a, **kw: calls.append(a[2]) or chain(self, *a, **kw))
 
     def run(**kw):
         return generate_text(model, tokenizer, "w1 w2 w3", drafter=net, window=4, max_new_tokens=12, compile=True,
@@ -337,7 +338,8 @@ def test_a_greedy_chain_drafts_what_drawing_and_stepping_one_at_a_time_does():
     net.compile_step()
     head, embedding = target.chain_modules()
     rows, columns, k = 2, 16, 4
-    pairs = torch.randn(rows, 4, target.feature_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    pairs = torch.randn(rows, 4, target.feature_size, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(1))
     start = torch.tensor([4, 4])
 
     def prefilled():
@@ -352,7 +354,8 @@ def test_a_greedy_chain_drafts_what_drawing_and_stepping_one_at_a_time_does():
         if j + 1 < k:
             g = net.step(target.embed_tokens(loop[-1][:, None]), g[:, None], (start + j)[:, None], compiled=False)[:, 0]
     assert torch.equal(chain, torch.stack(loop, 1)) and len(set(chain.flatten().tolist())) > 2
-    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(chain_cache, net._cache))  # written where the loop writes
+    # the cache written where the loop writes it
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(chain_cache, net._cache))
     assert [key[2] for c in net._chains.values() for key in c.compile_s] == [k]
     with pytest.raises(ValueError, match="1 to 15 drafts"):
         net.greedy_chain(g, start, 16, head, embedding, torch.float64)

@@ -358,8 +358,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             if (chain is not None and sampling.greedy and not dynamic
                     and hasattr(drafts.model, "precompile_chain") and not isinstance(drafts, ChimeraDrafter)):
                 # greedy chains, one graph a proposal (each window's drafts; a fixed window's alone)
-                drafts.model.precompile_chain(rows, columns, {w - 1 for w in (windows if window == "auto" else [window])},
-                                              *chain, next(model.parameters()).dtype)
+                counts = {w - 1 for w in (windows if window == "auto" else [window])}
+                drafts.model.precompile_chain(rows, columns, counts, *chain, next(model.parameters()).dtype)
             if dynamic:
                 drafts.model.precompile_tree(rows, columns, tree_width)
     elif isinstance(drafts, FeatureDrafter):
