@@ -177,8 +177,10 @@ class HFCausalLM:
         feature drafter's compiled draft chain, which calls them inside its graph (they outlive this
         adapter, so the graphs serve every call on the model); with ``keep`` (K token ids), the head
         restricted to them (:class:`KeptHead`, made once per model and set of ids, as
-        :meth:`kept_head` computes it); None where the head is trimmed (``head_rows``)."""
-        if self.head_rows is not None:
+        :meth:`kept_head` computes it); None where the head is trimmed (``head_rows``) or an adapter
+        reads its head or embeddings otherwise (Janus's generation head: its own :meth:`head`)."""
+        own = type(self).head is HFCausalLM.head and type(self).embed_tokens is HFCausalLM.embed_tokens
+        if self.head_rows is not None or not own:
             return None
         head = self.model.get_output_embeddings()
         if keep is not None:

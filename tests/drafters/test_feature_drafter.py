@@ -373,3 +373,9 @@ def test_the_chains_kept_head_is_fr_specs_head_over_the_whole_vocabulary():
     assert torch.equal(head(x).float(), full_vocabulary(target.kept_head(keep)(x), keep, 64))
     assert HFCausalLM(target.model).chain_modules(keep)[0] is head
     assert target.chain_modules()[0] is target.model.get_output_embeddings()
+
+    class OwnHead(HFCausalLM):  # an adapter with a head of its own (as Janus's generation head)
+        def head(self, features):
+            return super().head(features)
+
+    assert OwnHead(target.model).chain_modules() is None  # it drafts one at a time, through its head
