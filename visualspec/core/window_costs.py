@@ -324,6 +324,12 @@ def _store_tables(path: Path, updates: Mapping[str, Mapping[int, float]]) -> Non
         warnings.warn(f"could not write the window cost cache {path}: {e}")
 
 
+def steps_key(model, rows: int, max_new_tokens: int, tag: str) -> str:
+    """The cache key of a table of whole decode steps (:func:`decode_step_costs`), and of the calls
+    pooled into it (:func:`step_policy`): :func:`cost_signature` with ``|steps=tag``."""
+    return cost_signature(model, rows, max_new_tokens) + f"|steps={tag}"
+
+
 def decode_step_costs(model, decode_at: Callable[[int, int], Any], max_new_tokens: int, rows: int, tag: str,
                       windows: Sequence[int] = WINDOWS, repeats: int | None = None,
                       cache_dir: str | os.PathLike | None = None,
@@ -360,7 +366,7 @@ def decode_step_costs(model, decode_at: Callable[[int, int], Any], max_new_token
     wanted = sorted({int(w) for w in windows if 1 <= w <= max_new_tokens} | ({0} if ar_at is not None else set()))
     repeats = STEP_ROUNDS if repeats is None else check_positive_int("repeats", repeats)
     path = cache_path(cache_dir)
-    key = cost_signature(model, rows, max_new_tokens) + f"|steps={tag}"
+    key = steps_key(model, rows, max_new_tokens, tag)
     tables = _read_tables(path)
     stored, seen = tables.get(key, {}), tables.get(key + "|tokens", {})
     if wanted and all(w in stored and w in seen for w in wanted):
@@ -431,7 +437,7 @@ def step_policy(model, decode_at: Callable[[int, int], Any], max_new_tokens: int
                                       ar_at=ar_at)
     pool = None
     if pooled:
-        pool = CallPool(cost_signature(model, rows, max_new_tokens) + f"|steps={tag}", [w for w in costs if w])
+        pool = CallPool(steps_key(model, rows, max_new_tokens, tag), [w for w in costs if w])
         tokens = {**tokens, **pooled_tokens({w: t for w, t in tokens.items() if w}, pool.pool, max_new_tokens)}
     as_ar = False
     if ar_at is not None:
