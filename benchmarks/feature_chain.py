@@ -42,7 +42,7 @@ def main():
     kept = calibration_vocab(folder, tokenizer, len(tokenizer) // 4) if args.fr_spec else None
 
     def call(prompt, chain, drafter=feature):
-        FeatureDrafter.chain_modules = chain_modules if chain else (lambda self, k: None)
+        FeatureDrafter.chain_modules = chain_modules if chain else (lambda self, k, sampling=None: None)
         return generate_text(target, tokenizer, prompt, drafter=drafter, window=args.window,
                              max_new_tokens=NEW_TOKENS, temperature=0, compile=True,
                              draft_vocab=kept if drafter is not None else None)

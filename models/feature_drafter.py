@@ -176,11 +176,11 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
     def precompile_chain(self, rows: int, columns: int, drafts, head: nn.Module, embedding: nn.Module,
                          feature_dtype: torch.dtype) -> None:
         """Compile the greedy draft chains (:meth:`greedy_chain`) of ``rows`` rows over a cache of
-        ``columns`` columns for each count of ``drafts`` up to :data:`CHAIN_DRAFTS` (longer ones loop);
-        leaves an empty cache (reset before decoding)."""
+        ``columns`` columns for each count of ``drafts`` that chains (:meth:`chains`: up to
+        :data:`CHAIN_DRAFTS`; longer ones loop); leaves an empty cache (reset before decoding)."""
         self.reset(rows, columns)
         first = self.fc.weight.new_zeros(rows, self.config.feature_size)
-        for k in sorted({k for k in drafts if 1 <= k <= CHAIN_DRAFTS}):
+        for k in sorted({k for k in drafts if self.chains(k)}):
             self.greedy_chain(first, torch.zeros(rows, dtype=torch.long, device=first.device), k, head, embedding,
                               feature_dtype, compile_new=True)
         self.reset(rows, columns)

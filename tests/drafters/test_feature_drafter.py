@@ -316,7 +316,7 @@ def test_greedy_compiled_proposals_run_as_one_chain(draft_vocab, tokenizer, monk
     assert calls and set(calls) == {3}
     assert [key[2] for c in net._chains.values() for key in c.compile_s] == [3]  # compiled before, not eager
     chain_modules = FeatureDrafter.chain_modules
-    monkeypatch.setattr(FeatureDrafter, "chain_modules", lambda self, k: None)
+    monkeypatch.setattr(FeatureDrafter, "chain_modules", lambda self, k, sampling=None: None)
     loop = run()
     assert loop.token_ids == out.token_ids and loop.stats.draft_forwards == out.stats.draft_forwards
     assert loop.stats.accepted_lengths == out.stats.accepted_lengths  # the same drafts, accepted alike

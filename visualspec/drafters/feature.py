@@ -169,16 +169,29 @@ class FeatureDrafter(Drafter):
         self.consumed = nm
         return out.gather(1, (nm - 1 - consumed)[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0], nm
 
-    def chain_modules(self, k: int):
-        """The target's ``(head, embedding)`` modules where this proposal of ``k`` drafts runs as one
-        compiled greedy chain (:meth:`visualspec.models.feature_drafter.FeatureDraftModel.greedy_chain`):
-        greedy, no guidance, a drafter network that chains ``k`` drafts (its ``chains(k)``: compiled,
-        k not too long), a target that offers them (``chain_modules``, the head restricted to
-        ``keep`` where there is one); else None (draft by draft)."""
-        if not (self.sampling.greedy and self.sampling.model_rows_per_sample == 1
-                and getattr(self.model, "chains", lambda k: False)(k) and hasattr(self.target, "chain_modules")):
+    #: Whether proposals may run as one compiled greedy chain (Chimera's heads draft otherwise).
+    chains_drafts = True
+
+    def chain_modules(self, k: int, sampling=None):
+        """The target's ``(head, embedding)`` modules where a proposal of ``k`` drafts under
+        ``sampling`` (default: the decode's, from :meth:`start`) runs as one compiled greedy chain
+        (:meth:`visualspec.models.feature_drafter.FeatureDraftModel.greedy_chain`): greedy, no
+        guidance, a drafter network that chains ``k`` drafts (its ``chains(k)``: compiled, k not
+        too long), a target that offers them (``chain_modules``, the head restricted to ``keep``
+        where there is one); else None (draft by draft)."""
+        sampling = sampling or self.sampling
+        if not (self.chains_drafts and sampling.greedy and sampling.model_rows_per_sample == 1
+                and self.model.chains(k) and hasattr(self.target, "chain_modules")):
             return None
         return self.target.chain_modules(self.keep)
+
+    def precompile_chains(self, rows: int, columns: int, counts, sampling, feature_dtype) -> None:
+        """Compile the greedy chains of the proposals of ``counts`` drafts that would chain under
+        ``sampling`` (:meth:`chain_modules`), for ``rows`` rows over a ``columns``-column cache,
+        before a decode; nothing where none would."""
+        counts = [k for k in counts if self.chain_modules(k, sampling) is not None]
+        if counts:
+            self.model.precompile_chain(rows, columns, counts, *self.chain_modules(counts[0], sampling), feature_dtype)
 
     def propose(self, tokens, n, k, generator=None):
         B = tokens.shape[0]
@@ -310,6 +323,8 @@ class ChimeraDrafter(FeatureDrafter):
     A pair's token part is the trigram (x_{c-2}, x_{c-1}, x_c): the prompt's last two tokens stand
     before generated position 0 (the first token, without a prompt).
     """
+
+    chains_drafts = False  # one pass of its heads drafts every token already
 
     def start(self, batch_size, num_tokens, sampling):
         super().start(batch_size, num_tokens, sampling)

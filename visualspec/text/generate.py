@@ -354,12 +354,9 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             drafts.model.compile_step()
             columns = input_ids.shape[1] + max_new_tokens + 1 + drafts.tree_columns
             drafts.model.precompile(rows, columns, {drafts.model.pairs_bucket(w) for w in windows})
-            chain = getattr(target, "chain_modules", lambda keep: None)(drafts.keep)
-            if (chain is not None and sampling.greedy and not dynamic
-                    and hasattr(drafts.model, "precompile_chain") and not isinstance(drafts, ChimeraDrafter)):
-                # greedy chains, one graph a proposal (each window's drafts; a fixed window's alone)
-                counts = {w - 1 for w in (windows if window == "auto" else [window])}
-                drafts.model.precompile_chain(rows, columns, counts, *chain, next(model.parameters()).dtype)
+            if not dynamic:  # greedy chains, one graph a proposal (each window's drafts; a fixed window's alone)
+                counts = sorted({w - 1 for w in (windows if window == "auto" else [window])})
+                drafts.precompile_chains(rows, columns, counts, sampling, next(model.parameters()).dtype)
             if dynamic:
                 drafts.model.precompile_tree(rows, columns, tree_width)
     elif isinstance(drafts, FeatureDrafter):
