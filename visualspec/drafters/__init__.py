@@ -13,15 +13,16 @@ restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). C
 :class:`FeatureDrafter` (EAGLE-style drafting from the target's features),
 :class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them) and
 :class:`HybridDrafter` (a feature drafter's drafts next to the committed tokens, Jacobi's past
-them). Any-order models: :class:`AnySubsetDrafter` (ASSD's drafts of the next cells of the order,
-from the target itself).
+them); :class:`LookupFeatureDrafter` (text: prompt lookup's copies where the context repeats, a
+feature drafter's drafts elsewhere). Any-order models: :class:`AnySubsetDrafter` (ASSD's drafts
+of the next cells of the order, from the target itself).
 """
 
 from ..core.engine import Drafter
 from .any_order import AnySubsetDrafter
 from .continuous import ContinuousDraftModelDrafter
 from .feature import ChimeraDrafter, FeatureDrafter
-from .hybrid import HybridDrafter
+from .hybrid import HybridDrafter, LookupFeatureDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
 from .jacobi import INIT_SCHEMES, JacobiDrafter, JacobiStep, coupled_redraft
 from .ngram import NGramDrafter
@@ -29,4 +30,4 @@ from .stand import StandDrafter
 
 __all__ = ["Drafter", "JacobiDrafter", "JacobiStep", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
            "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter",
-           "FeatureDrafter", "ChimeraDrafter", "HybridDrafter", "AnySubsetDrafter"]
+           "FeatureDrafter", "ChimeraDrafter", "HybridDrafter", "LookupFeatureDrafter", "AnySubsetDrafter"]

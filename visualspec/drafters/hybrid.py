@@ -1,4 +1,5 @@
-"""A hybrid of learned and Jacobi drafts: the feature drafter's near the committed tokens, Jacobi's past them."""
+"""Hybrids of learned and model-free drafts: the feature drafter's near the committed tokens and
+Jacobi's past them (images); copies of the context where it repeats, the feature drafter's elsewhere (text)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import torch
 
 from ..core.checks import check_positive_int
 from ..core.engine import Drafter
+from ..core.rows import per_row
 from ..core.verify import point_mass
 from .feature import FeatureDrafter
 from .jacobi import JacobiDrafter
+from .ngram import NGramDrafter
 
 
 class HybridDrafter(Drafter):
@@ -76,3 +79,79 @@ class HybridDrafter(Drafter):
 
     def cost_tag(self):
         return f"{type(self).__name__}[{self.depth}]:{self.feature.cost_tag()}+{self.jacobi.cost_tag()}"
+
+
+class LookupFeatureDrafter(Drafter):
+    """Each row's drafts copied from its context where the context's end matches earlier text by at
+    least ``lookup.min_ngram`` tokens (prompt lookup, :class:`NGramDrafter`), else the feature
+    drafter's (SAM-Decoding's choice, Hu et al. 2024: retrieval where the match is long, a trained
+    drafter elsewhere).
+
+    Why: on code the context often repeats, and there a copied draft is as good as a learned one
+    and costs nothing, while each feature draft costs a drafter pass and a read of the target's LM
+    head. The feature drafter runs only on steps where some row does not copy (at batch 1: only
+    where the match is short); its cache catches up on the positions it skipped at its next
+    proposal, from the real features the engine keeps handing it.
+
+    A row that copies drafts all k tokens the step asks for; one that does not, at most
+    ``feature_drafts`` (None: k), since each feature draft costs a drafter pass where a copied one
+    costs nothing. Where rows of a batch differ, the shorter rows are padded with their last draft
+    again, as a point mass.
+
+    Lossless under the exact rule: a row's choice depends only on its committed tokens, and its
+    drafts are draws from the law reported for them, a point mass for the copied ones and the
+    padding, the feature drafter's q for the others (None under greedy decoding, where drafts are
+    point masses).
+    """
+
+    wants_features = True
+
+    def __init__(self, lookup: NGramDrafter, feature: FeatureDrafter, feature_drafts: int | None = None):
+        if feature_drafts is not None:
+            check_positive_int("feature_drafts (the most drafts a step the feature drafter makes)", feature_drafts)
+        self.lookup, self.feature, self.feature_drafts = lookup, feature, feature_drafts
+
+    @property
+    def forwards(self):
+        return self.feature.forwards
+
+    def start(self, batch_size, num_tokens, sampling):
+        self.lookup.start(batch_size, num_tokens, sampling)
+        self.feature.start(batch_size, num_tokens, sampling)
+        self.copied = 0  # drafts copied from the context so far
+
+    def prefix_features(self, features, rows=None):
+        self.feature.prefix_features(features, rows)
+
+    def propose(self, tokens, n, k, generator=None):
+        B = tokens.shape[0]
+        if k == 0:
+            return tokens.new_empty(B, 0), None
+        matches = [self.lookup.match(self.lookup.prompts[self.lookup.rows[b]] + row[:length], k)
+                   for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, B).tolist()))]
+        copy = torch.tensor([size > 0 for _, size in matches], device=tokens.device)
+        copied = torch.tensor([drafts for drafts, _ in matches], dtype=tokens.dtype, device=tokens.device)
+        self.copied += int(copy.sum()) * k
+        if bool(copy.all()):
+            return copied, None
+        drafts, q = self.feature.propose(tokens, n, min(k, self.feature_drafts or k), generator)
+        if not bool(copy.any()):
+            return drafts, q
+        pad = k - drafts.shape[1]  # the feature rows' drafts, their last one repeated as a point mass
+        drafts = torch.cat([drafts, drafts[:, -1:].expand(-1, pad)], 1)
+        drafts = torch.where(copy[:, None], copied, drafts)
+        if q is not None:
+            mass = point_mass(drafts, q.shape[-1]).to(q.dtype)
+            q = torch.where(copy[:, None, None], mass, torch.cat([q, mass[:, k - pad:]], 1))
+        return drafts, q
+
+    def observe(self, n, committed, target_probs, generator=None, features=None):
+        self.feature.observe(n, committed, target_probs, generator, features=features)
+
+    def select(self, rows):
+        self.lookup.select(rows)
+        self.feature.select(rows)
+
+    def cost_tag(self):
+        return (f"{type(self).__name__}[{self.lookup.min_ngram}..{self.lookup.max_ngram},{self.feature_drafts}]:"
+                f"{self.feature.cost_tag()}")

@@ -43,15 +43,47 @@ class NGramDrafter(Drafter):
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of the context's last n-gram."""
+        drafts, _ = self.match(context, k)
+        return drafts
+
+    def match(self, context: list[int], k: int) -> tuple[list[int], int]:
+        """``(drafts, n)``: :meth:`lookup`'s k drafts and the length n of the n-gram they follow
+        (:func:`longest_match`, between ``min_ngram`` and ``max_ngram``); ``n = 0`` where nothing
+        matched and the drafts repeat the last token."""
         if k == 0:
-            return []
-        for size in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            pattern = context[-size:]
-            for start in range(len(context) - size - 1, -1, -1):  # most recent match first
-                if context[start:start + size] == pattern:
-                    follow = context[start + size:start + size + k]
-                    return follow + [follow[-1]] * (k - len(follow))
-        return [context[-1]] * k
+            return [], 0
+        end, size = longest_match(context, self.max_ngram)
+        if size < self.min_ngram:
+            return [context[-1]] * k, 0
+        follow = context[end + 1:end + 1 + k]
+        return follow + [follow[-1]] * (k - len(follow)), size
+
+
+def longest_match(context: list[int], longest: int) -> tuple[int, int]:
+    """``(e, n)``: the earlier occurrence of the context's end that matches it longest, ending at
+    index e < len(context) - 1, and the length n of the match, at most ``longest``; among matches
+    of equal length the most recent (largest e). ``(-1, 0)`` where the last token occurs nowhere
+    before. With x the context and L its length: n(e) = max m <= min(longest, e + 1) with
+    x[e - i] = x[L - 1 - i] for i < m, and e = argmax (n(e), e).
+
+    One pass finds the earlier occurrences of the last token; each is then extended backwards, so
+    the cost is the context's length plus the matches' lengths."""
+    if len(context) < 2 or longest < 1:
+        return -1, 0
+    last, L = context[-1], len(context)
+    best_end, best = -1, 0
+    for e in [i for i, t in enumerate(context[:-1]) if t == last][::-1]:  # most recent first
+        cap = min(longest, e + 1)
+        if cap <= best:
+            continue
+        m = 1
+        while m < cap and context[e - m] == context[L - 1 - m]:
+            m += 1
+        if m > best:
+            best_end, best = e, m
+            if best == longest:
+                break
+    return best_end, best
 
 
 # ----------------------------------------------------------------------------------------------

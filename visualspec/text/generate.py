@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import (ChimeraDrafter, DraftModelDrafter, FeatureDrafter, JacobiDrafter, NGramDrafter, StandDrafter,
-                        VocabTrimDrafter, frequent_tokens, kept_token_ids)
+from ..drafters import (ChimeraDrafter, DraftModelDrafter, FeatureDrafter, JacobiDrafter, LookupFeatureDrafter,
+                        NGramDrafter, StandDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids)
 from ..core.checks import check_positive_int
 from ..core.compiled import check_compile, compiled_step
 from ..core.engine import decode
@@ -59,6 +59,10 @@ from ..core.window import WINDOWS
 from ..core.window_costs import step_policy, step_tag
 
 DRAFTERS = ("ngram", "jacobi", "stand")
+LOOKUP_LONGEST = 8  # the longest match of the context's end that lookup= searches for (longest, then latest)
+# with lookup=, the most drafts a step the feature drafter makes (None: the window's); chosen with lookup 3 and
+# window 8 by the rule of docs/experiments/2026-12-07-lookup-feature-drafter.md
+LOOKUP_FEATURE_DRAFTS = 3
 ACCEPTANCE = ("exact", "typical", "judge")
 
 
@@ -118,12 +122,15 @@ def _token_model(model, compile: bool, **kw) -> HFCausalLM:
 
 
 def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draft_vocab=None, eos=None,
-             stop_below=None, compile: bool = False, target: HFCausalLM | None = None):
+             stop_below=None, compile: bool = False, target: HFCausalLM | None = None, lookup: int | None = None):
     if isinstance(drafter, str) and drafter not in DRAFTERS:
         if not (Path(drafter) / "config.json").is_file():
             raise ValueError(f"unknown drafter {drafter!r}; choose one of {DRAFTERS}, a feature drafter folder or a "
                              f"Kangaroo folder (visualspec train-drafter) or pass a draft model")
         drafter = load_draft_model(drafter, torch_dtype=next(model.parameters()).dtype).eval()
+    if lookup is not None and not isinstance(drafter, FeatureDraftModel):
+        raise ValueError(f"lookup= copies drafts where the context repeats and lets a feature drafter draft "
+                         f"elsewhere; it needs a feature drafter, not drafter={drafter!r}")
     model_free = drafter is None or isinstance(drafter, (str, FeatureDraftModel))
     if draft_vocab is not None and (drafter is None or isinstance(drafter, str)):
         raise ValueError(f"draft_vocab trims the drafts' LM head; it needs a draft model or a feature drafter, "
@@ -143,7 +150,12 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         return JacobiDrafter(_vocab_size(model), "repeat_left")
     if isinstance(drafter, FeatureDraftModel):
         check_target(drafter, model, target.feature_size)
-        return FeatureDrafter.for_model(drafter, target, prefix, keep=keep)
+        feature = FeatureDrafter.for_model(drafter, target, prefix, keep=keep)
+        if lookup is None:
+            return feature
+        check_positive_int("lookup (the shortest match of the context's end that copies)", lookup)
+        return LookupFeatureDrafter(NGramDrafter(rows, max_ngram=max(LOOKUP_LONGEST, lookup), min_ngram=lookup),
+                                    feature, LOOKUP_FEATURE_DRAFTS)
     if not hasattr(drafter, "get_output_embeddings"):
         raise TypeError(f"drafter must be a transformers model, a feature drafter or one of {DRAFTERS}, "
                         f"not {type(drafter).__name__}")
@@ -231,7 +243,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
                   typical_delta: float = 0.3, draft_vocab=None, branches: int = 1, depth: int | None = None,
                   multidraft: str = "rsd", draft_stop_below: float | None = None,
                   compile="auto", tree_width: int | None = None, judge=None,
-                  judge_threshold: float | None = None) -> TextOutput:
+                  judge_threshold: float | None = None, lookup: int | None = None) -> TextOutput:
     """Generate ``max_new_tokens`` tokens after ``prompt`` (a string or a list of strings).
 
     ``drafter``: ``None`` (plain autoregressive), a draft model, ``"ngram"``, ``"jacobi"`` or
@@ -253,6 +265,12 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     (most frequent first, if they do not all fit) and, up to K, the lowest token ids (in byte-level
     BPE vocabularies such as GPT-2's the lowest ids are single bytes and the earliest,
     most frequent merges).
+
+    ``lookup`` (with a feature drafter) copies each step's drafts from the context, as prompt lookup
+    does, wherever the context's end matches earlier text by at least ``lookup`` tokens, and lets
+    the feature drafter draft elsewhere (:class:`visualspec.drafters.LookupFeatureDrafter`;
+    SAM-Decoding's retrieval-first choice; still lossless): on text that repeats, such as code,
+    copied drafts are as good and cost no drafter pass.
 
     ``draft_stop_below`` (with a draft model only) ends each step's drafts early once the draft
     model's probability of its latest draft falls below it (transformers' assistant confidence
@@ -313,8 +331,12 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     rows = input_ids.shape[0]
     compile = compiled_step(target, compile, lambda r: (prefix[0][:r], prefix[1][:r]), max_new_tokens, rows, rows)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    if dynamic and lookup is not None:
+        raise ValueError(f"a dynamic draft tree (tree_width={tree_width}) takes no lookup (it grows a tree, not a "
+                         f"chain)")
     drafts = _drafter(drafter, model, prefix, input_ids, attention_mask, ngram, draft_vocab, tokenizer.eos_token_id,
-                      draft_stop_below, compile, target)
+                      draft_stop_below, compile, target, lookup)
+    feature = drafts.feature if isinstance(drafts, LookupFeatureDrafter) else drafts  # the learned part
     if acceptance == "typical":
         rule = partial(typical_verify, epsilon=typical_epsilon, delta=typical_delta)
     elif acceptance == "judge":
@@ -323,8 +345,9 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         rule = default_rule(sampling)
     if drafts is None:
         mode = "ar"
-    elif isinstance(drafts, FeatureDrafter):
-        mode = "chimera" if isinstance(drafts, ChimeraDrafter) else "feature drafter"
+    elif isinstance(feature, FeatureDrafter):
+        mode = "chimera" if isinstance(feature, ChimeraDrafter) else "feature drafter"
+        mode += "" if feature is drafts else f"+lookup {lookup}"
     else:
         mode = drafter if isinstance(drafter, str) else "draft model" if draft_vocab is None else "vocabtrim"
         mode = f"kangaroo{'' if draft_vocab is None else ' vocabtrim'}" if kangaroo_info(drafter) else mode
@@ -335,7 +358,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     if drafts is None:
         window = 1
     if dynamic:
-        if not isinstance(drafts, FeatureDrafter):
+        if not isinstance(feature, FeatureDrafter):
             raise ValueError(f"a dynamic draft tree (tree_width=) needs a feature drafter, not drafter={drafter!r}")
         drafts.use_tree(depth, tree_width)
         window = depth + 1  # the drafter's catch-up feeds up to depth + 1 pairs; the target's tree runs eagerly
@@ -350,17 +373,18 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             target.precompile(prefix, max_new_tokens, [1])
         if isinstance(drafts, DraftModelDrafter):
             drafts.model.precompile(prefix, max_new_tokens, windows)
-        if isinstance(drafts, FeatureDrafter):
-            drafts.model.compile_step()
-            columns = input_ids.shape[1] + max_new_tokens + 1 + drafts.tree_columns
-            drafts.model.precompile(rows, columns, {drafts.model.pairs_bucket(w) for w in windows})
+        if isinstance(feature, FeatureDrafter):
+            feature.model.compile_step()
+            columns = input_ids.shape[1] + max_new_tokens + 1 + feature.tree_columns
+            feature.model.precompile(rows, columns, {feature.model.pairs_bucket(w) for w in windows})
             if not dynamic:  # greedy chains, one graph a proposal (each window's drafts; a fixed window's alone)
-                counts = sorted({w - 1 for w in (windows if window == "auto" else [window])})
-                drafts.precompile_chains(rows, columns, counts, sampling, next(model.parameters()).dtype)
+                cap = drafts.feature_drafts if feature is not drafts else None  # lookup='s feature drafts
+                counts = sorted({min(w - 1, cap or w) for w in (windows if window == "auto" else [window])})
+                feature.precompile_chains(rows, columns, counts, sampling, next(model.parameters()).dtype)
             if dynamic:
-                drafts.model.precompile_tree(rows, columns, tree_width)
-    elif isinstance(drafts, FeatureDrafter):
-        drafts.model.compile_step(False)
+                feature.model.precompile_tree(rows, columns, tree_width)
+    elif isinstance(feature, FeatureDrafter):
+        feature.model.compile_step(False)
     if window == "auto" and tree is None:  # whole steps timed as this decode runs them: compiled or eager
         def decode_at(w, seed=0):
             return decode(target, prefix, max_new_tokens, sampling, drafter=drafts, rule=rule, window=w,

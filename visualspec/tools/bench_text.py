@@ -195,6 +195,8 @@ COMPILE_CHOICES = ("off", "on", "both")
 
 COMPILED_DRAFT = dict(window=6, draft_stop_below=0.6)  # chosen on seed=1 prompts (docs/experiments/2026-11-27-compiled-transformers-step.md)
 FEATURE_TREE = (3, 2)  # the dynamic tree's depth and width (docs/experiments/2026-11-28-dynamic-tree-text.md)
+# the feature drafter's + lookup rows' shortest copied match (docs/experiments/2026-12-07-lookup-feature-drafter.md)
+LOOKUP = 3
 
 
 def is_ar(name: str) -> bool:
@@ -205,7 +207,8 @@ def is_ar(name: str) -> bool:
 def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: int = 10, stop_below: float = 0.2,
             compile: str = "both", quantized=None, feature=None, feature_window: int = 4, distilled=None,
             temperature: float = 0.0, kangaroo=None, kangaroo_window: int = 4, chimera=None,
-            feature_tree: tuple[int, int] = FEATURE_TREE, judge=None, judge_thresholds=(None,)):
+            feature_tree: tuple[int, int] = FEATURE_TREE, judge=None, judge_thresholds=(None,),
+            lookup_window: int = 8):
     """name -> function(prompt, new_tokens) -> new token ids; ``kept``: VocabTrim's kept ids.
 
     ``window``: tokens per target forward of the model-free drafters and of the fixed-length draft
@@ -221,7 +224,8 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
     ``feature``: the pair's feature drafter (:func:`load_feature_drafter`), whose rows draft
     ``feature_window - 1`` tokens a step (its ``FR-Spec 1/4`` rows draft from the head's ``kept``
     rows only, the VocabTrim row's set; its ``dynamic tree`` rows grow trees of ``feature_tree``
-    = (depth, width) instead of chains); ``distilled``: the pair's distilled draft model
+    = (depth, width) instead of chains; its ``+ lookup`` rows copy drafts where the context repeats,
+    ``generate_text(..., lookup=LOOKUP)``, at ``lookup_window`` or the auto window); ``distilled``: the pair's distilled draft model
     (``draft-distilled/``, DistillSpec), drafting as the draft model rows do. ``kangaroo``: the
     pair's Kangaroo draft model (:func:`load_kangaroo_drafter`), drafting up to ``kangaroo_window - 1``
     tokens a step and stopping below its folder's threshold. ``chimera``: the pair's Chimera drafter
@@ -277,6 +281,10 @@ def methods(target, draft, tokenizer, window: int = 6, kept=None, draft_window: 
         trim = dict(drafter=feature, draft_vocab=kept if kept is not None else len(tokenizer) // 4, compile=True)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled"] = ours(**trim, window=feature_window)
         compiled["visualspec feature drafter, FR-Spec 1/4, compiled, auto window"] = ours(**trim)
+        copying = f"visualspec feature drafter + lookup {LOOKUP}"
+        eager[copying] = ours(drafter=feature, lookup=LOOKUP, window=lookup_window)
+        compiled[copying + ", compiled"] = ours(drafter=feature, lookup=LOOKUP, window=lookup_window, compile=True)
+        compiled[copying + ", compiled, auto window"] = ours(drafter=feature, lookup=LOOKUP, compile=True)
         depth, width = feature_tree
         tree = f"visualspec feature drafter, dynamic tree {depth}x{width}"
         eager[tree] = ours(drafter=feature, depth=depth, tree_width=width)
@@ -320,7 +328,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
                        stop_below: float = 0.2, compile: str = "both", quantize: str | None = None,
                        progress: bool = False, feature_window: int = 4, seed: int = 0,
                        temperature: float = 0.0, kangaroo_window: int = 4,
-                       feature_tree: tuple[int, int] = FEATURE_TREE, judge=None, judge_thresholds=(None,)) -> dict:
+                       feature_tree: tuple[int, int] = FEATURE_TREE, judge=None, judge_thresholds=(None,),
+                       lookup_window: int = 8) -> dict:
     """Every method on the same prompts, interleaved; speed-ups over ``generate`` and over the
     fastest autoregressive row of the run (``best_ar``: eager or compiled, ours or transformers',
     quantised with ``quantize`` where those rows are asked for and win).
@@ -359,7 +368,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     table = methods(target, draft, tokenizer, window, calibration_vocab(folder, tokenizer, len(tokenizer) // 4),
                     draft_window, stop_below, compile, quantized, load_feature_drafter(folder), feature_window,
                     load_distilled_draft(folder), temperature, load_kangaroo_drafter(folder, target), kangaroo_window,
-                    load_feature_drafter(folder, CHIMERA), tuple(feature_tree), judge, tuple(judge_thresholds))
+                    load_feature_drafter(folder, CHIMERA), tuple(feature_tree), judge, tuple(judge_thresholds),
+                    lookup_window)
     if only:
         table = {k: v for k, v in table.items() if k == "generate" or k in only}
     # the base model: every target forward runs it, whether through the LM class or (to return
@@ -416,7 +426,8 @@ def run_text_benchmark(folder, prompts: int = 8, new_tokens: int = 128, window: 
     return {
         "prompts": len(texts), "seed": seed, "temperature": temperature, "new_tokens": new_tokens, "window": window,
         "draft_window": draft_window,
-        "feature_window": feature_window, "feature_tree": list(feature_tree), "kangaroo_window": kangaroo_window,
+        "feature_window": feature_window, "feature_tree": list(feature_tree), "lookup": LOOKUP,
+        "lookup_window": lookup_window, "kangaroo_window": kangaroo_window,
         "draft_stop_below": stop_below, "compile": compile, "quantize": quantize, "best_ar": best_ar,
         "prompt_files": "all" if code is None else "report (line starts)", "results": results,
         "draft_model_speedup_ratio_to_assisted": ratio("visualspec draft model"),

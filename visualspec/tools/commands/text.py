@@ -25,6 +25,9 @@ def register(sub, common) -> None:
     bt.add_argument("--feature-window", type=count_arg, default=4,
                     help="the feature drafter's window (drafts + 1), where the pair has one (feature-drafter/); "
                          "4 was chosen on prompts of --seed 1 (docs/experiments/2026-11-27-feature-drafter-text.md)")
+    bt.add_argument("--lookup-window", type=count_arg, default=8,
+                    help="the window of the feature drafter's + lookup rows; 8 was chosen on prompts of --seed 21 "
+                         "(docs/experiments/2026-12-07-lookup-feature-drafter.md)")
     bt.add_argument("--kangaroo-window", type=count_arg, default=4,
                     help="the Kangaroo drafter's window (drafts + 1), where the pair has one (kangaroo/); 4 was "
                          "chosen on prompts of --seed 1 (docs/experiments/2026-11-28-kangaroo-text.md)")
@@ -70,6 +73,7 @@ def run(args) -> int:
                                 feature_window=args.feature_window, seed=args.seed, only=args.only,
                                 temperature=args.temperature, kangaroo_window=args.kangaroo_window,
                                 judge=args.judge, judge_thresholds=tuple(args.judge_thresholds or (None,)),
+                                lookup_window=args.lookup_window,
                                 **({"feature_tree": tuple(args.feature_tree)} if args.feature_tree else {}))
     if args.multidraft_gap:
         result["multidraft_gap"] = multidraft_gap(args.pair)

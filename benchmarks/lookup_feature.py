@@ -1,0 +1,82 @@
+"""Choose ``generate_text(..., lookup=)``: copy drafts where the context repeats, the feature drafter elsewhere.
+
+    python benchmarks/lookup_feature.py                 # the study's rule: 16 prompts of seed 21, 2 rounds
+    python benchmarks/lookup_feature.py --prompts 4 --rounds 1 --lookups 2 --windows 6
+
+Compiled, greedy, 128 new tokens, every configuration (``lookup`` x fixed window x the feature
+drafter's cap of drafts a step) alternated prompt by prompt, the order reversed each round, after
+a warm-up call each. Prints tokens per second, tau and outputs equal to compiled AR's, best first
+(docs/experiments/2026-12-07-lookup-feature-drafter.md).
+"""
+
+import argparse
+import itertools
+import time
+
+import torch
+
+import visualspec.text.generate as generate
+from visualspec.text import generate_text
+from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
+
+NEW_TOKENS = 128
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lookups", type=int, nargs="+", default=[1, 2, 3, 4, 6])
+    parser.add_argument("--windows", type=int, nargs="+", default=[4, 6, 8, 12])
+    parser.add_argument("--caps", type=int, nargs="+", default=[3, 0],
+                        help="the feature drafter's drafts a step (0: the window's)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = pair_folder()
+    tokenizer, target, _ = load_pair(folder)
+    feature = load_feature_drafter(folder)
+    texts = held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+
+    configs = {}
+    for lookup, window, cap in itertools.product(args.lookups, args.windows, args.caps):
+        cap = cap or None
+        if cap is not None and cap >= window - 1:
+            continue  # the same as not capped
+        configs[f"lookup {lookup}, window {window}, cap {cap or '-'}"] = (dict(drafter=feature, window=window,
+                                                                              lookup=lookup), cap)
+    configs["(feature drafter, window 4)"] = (dict(drafter=feature, window=4), None)
+    configs["(n-gram, window 6)"] = (dict(drafter="ngram", window=6), None)
+    configs["(STAND, window 6)"] = (dict(drafter="stand", window=6), None)
+
+    def call(prompt, name):
+        kw, cap = configs[name]
+        generate.LOOKUP_FEATURE_DRAFTS = cap
+        return generate_text(target, tokenizer, prompt, max_new_tokens=NEW_TOKENS, temperature=0, compile=True, **kw)
+
+    reference = [generate_text(target, tokenizer, p, max_new_tokens=NEW_TOKENS, temperature=0,
+                               compile=True).token_ids[0] for p in texts]
+    for name in configs:
+        call(texts[0], name)
+    rows = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in configs}
+    order = list(configs)
+    for r in range(args.rounds):
+        for prompt, ref in zip(texts, reference):
+            for name in (order if r % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter()
+                out = call(prompt, name)
+                rows[name]["seconds"] += time.perf_counter() - t0
+                ids = out.token_ids[0]
+                rows[name]["tokens"] += len(ids)
+                rows[name]["forwards"] += out.stats.target_forwards
+                rows[name]["equal"] += ids == ref
+    calls = args.rounds * len(texts)
+    print(f"{'configuration':<34} {'tokens/s':>9} {'tau':>6} {'equal':>7}")
+    for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["tokens"] / kv[1]["seconds"]):
+        print(f"{name:<34} {r['tokens'] / r['seconds']:9.1f} {r['tokens'] / r['forwards']:6.2f} "
+              f"{r['equal']:>3}/{calls}")
+
+
+if __name__ == "__main__":
+    main()
