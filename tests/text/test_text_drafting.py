@@ -33,6 +33,19 @@ def test_ngram_drafter_reads_prompt_and_generated_tokens_per_row():
         d.start(3, 8, SamplingConfig())
 
 
+def test_ngram_drafts_only_what_matched():
+    """A step drafts as many tokens as the longest continuation a row found (the other rows filled
+    with their last token), and none where no row matched: then the step is a plain forward."""
+    d = NGramDrafter([[1, 2, 3, 4], [5, 6]], max_ngram=2)
+    d.start(2, 8, SamplingConfig())
+    tokens = torch.tensor([[1, 2, 0], [9, 0, 0]])
+    drafts, _ = d.propose(tokens, torch.tensor([2, 1]), 5, generator=gen)
+    assert drafts.tolist() == [[3, 4, 1, 2], [9, 9, 9, 9]]  # "1 2" goes on 3 4 1 2; "9" is new
+    d.select(torch.tensor([1]))
+    drafts, _ = d.propose(tokens[1:], 1, 5, generator=gen)
+    assert drafts.shape == (1, 0)
+
+
 def test_typical_acceptance_keeps_tokens_above_the_entropy_threshold():
     V = 4
     confident = torch.tensor([0.97, 0.01, 0.01, 0.01])  # low entropy: threshold = min(0.09, 0.3 e^-H)
