@@ -72,9 +72,10 @@ def lookup_drafter(target, prefix, rows, min_ngram=2, feature_drafts=None, cls=L
 
 def test_each_row_copies_where_its_context_repeats_and_drafts_with_features_elsewhere():
     """Two rows whose contexts repeat at different steps. At every step, a row whose context's
-    end matches earlier text by two tokens or more gets the copy, the other its one feature draft
-    (the cap), padded with that draft where the other row copies; a step where every row copies
-    runs no drafter pass. Both kinds of step, and mixed ones, occur; greedy output equals AR."""
+    end matches earlier text by two tokens or more gets the continuation it matched (at most k),
+    the other its one feature draft (the cap); the step is as wide as its longest row, the shorter
+    rows filled with their last draft; a step where every row copies runs no drafter pass. Both
+    kinds of step, and mixed ones, occur; greedy output equals AR."""
     target = HFCausalLM(tiny_hf("llama", seed=3))
     ids = torch.tensor([[4, 5, 6, 4, 5, 6, 4, 5], [0, 0, 0, 0, 0, 7, 8, 9]])
     prefix = (ids, (ids != 0).long())
@@ -85,19 +86,16 @@ def test_each_row_copies_where_its_context_repeats_and_drafts_with_features_else
     assert torch.equal(out, ar)
     kinds = set()
     for k, passes, live, n, drafts in drafter.seen:
-        matches = [NGramDrafter([rows[r]], max_ngram=8, min_ngram=2).match(rows[r] + ar[r, :int(m)].tolist(), k)
-                   for r, m in zip(live, n)]
-        copy = [size > 0 for _, size in matches]
+        follows = [NGramDrafter([rows[r]], max_ngram=8, min_ngram=2).continuation(rows[r] + ar[r, :int(m)].tolist(),
+                                                                                   k)[0] for r, m in zip(live, n)]
+        copy = [bool(f) for f in follows]
         kinds.add(tuple(copy) if len(copy) == 2 else None)
-        if all(copy):
-            assert passes == 0
-        else:
-            assert passes >= 1 and drafts.shape[1] == (k if any(copy) else 1)
-        for b, (copied, size) in enumerate(matches):
-            if size:
-                assert drafts[b].tolist() == copied
-            elif any(copy):
-                assert drafts[b, 1:].tolist() == [int(drafts[b, 0])] * (k - 1)  # padded with its draft
+        assert passes == 0 if all(copy) else passes >= 1
+        width = max([len(f) for f in follows] + ([] if all(copy) else [1]))
+        assert drafts.shape[1] == width
+        for b, follow in enumerate(follows):
+            row = follow or drafts[b, :1].tolist()  # a feature row: its one draft
+            assert drafts[b].tolist() == row + row[-1:] * (width - len(row))  # filled with its last draft
     assert (True, False) in kinds or (False, True) in kinds, kinds  # mixed steps were reached
 
 
@@ -114,28 +112,38 @@ def test_greedy_output_equals_ar_on_ragged_rows(static):
 
 def test_lookup_feature_drafts_are_lossless():
     """20,000 sequences of 4 tokens in batches of 64 rows, window 4, copies from a match of one
-    token or more, feature drafts capped at 1 (so rows that copy and rows padded after their feature
-    draft meet in one step); chi-square against the exact law, bound from the sample size. The
-    control draws the same drafts (4,000 sequences) but reports the uniform law for the copied ones
-    only: the fit must fail, so the test reaches the copying path."""
+    token or more, feature drafts capped at 1, so rows that copy and rows that draft with features
+    meet in one step; the drafter's weights are scaled down, so that its laws are flat (a wrong law
+    for its drafts shows). Chi-square against the exact law, bound from the sample size. Two
+    controls draw the same drafts (4,000 sequences each) but report the uniform law for the copied
+    drafts, or for the feature rows' drafts in steps where other rows copy: each fit must fail, so
+    the test reaches both paths."""
     target = HFCausalLM(tiny_hf("llama", vocab_size=V))
     made = []
 
-    class WrongCopyLaw(LookupFeatureDrafter):
+    class WrongLaw(LookupFeatureDrafter):
+        wrong = "copied"
+
         def propose(self, tokens, n, k, generator=None):
-            copied_before = self.copied
             drafts, q = super().propose(tokens, n, k, generator)
-            if self.copied > copied_before and q is not None:
-                contexts = [p + row[:m] for p, row, m in zip(self.lookup.prompts, tokens.tolist(), n.tolist())]
-                copy = torch.tensor([self.lookup.match(c, k)[1] > 0 for c in contexts])
-                q = torch.where(copy[:, None, None], torch.full_like(q, 1 / q.shape[-1]), q)
+            contexts = [p + row[:m] for p, row, m in zip(self.lookup.prompts, tokens.tolist(), per_row(n, len(tokens)))]
+            copy = torch.tensor([bool(self.lookup.continuation(c, k)[0]) for c in contexts])
+            if q is not None and copy.any():
+                rows = copy if self.wrong == "copied" else ~copy
+                q = torch.where(rows[:, None, None], torch.full_like(q, 1 / q.shape[-1]), q)
             return drafts, q
+
+    class WrongMixedFeatureLaw(WrongLaw):
+        wrong = "feature rows"
 
     def factory(cls):
         def make(rows):
             prefix = prompt_prefix(rows)
             made.append(lookup_drafter(target, prefix, prefix.tolist(), min_ngram=1, feature_drafts=1, cls=cls,
                                        seed=3))
+            with torch.no_grad():
+                for p in made[-1].feature.model.parameters():
+                    p.mul_(0.1)  # flat draft laws: the largest about 0.4 of 3 tokens
             return made[-1]
         return make
 
@@ -146,9 +154,10 @@ def test_lookup_feature_drafts_are_lossless():
     fit = chi_square_fit(drawn, seqs, probs)
     assert fit.passed, fit
     assert all(d.copied > 0 and d.feature.forwards > 0 for d in made)
-    control = chi_square_fit(sample_sequences(target, prompt_prefix, N, sampling, 4000, batch=64, window=4,
-                                              drafter_factory=factory(WrongCopyLaw)), seqs, probs)
-    assert not control.passed and control.chi2 > 10 * control.threshold, control
+    for control in (WrongLaw, WrongMixedFeatureLaw):
+        fit = chi_square_fit(sample_sequences(target, prompt_prefix, N, sampling, 4000, batch=64, window=4,
+                                              drafter_factory=factory(control)), seqs, probs)
+        assert not fit.passed and fit.chi2 > 10 * fit.threshold, (control.wrong, fit)
 
 
 @pytest.mark.parametrize("compile", [False, True])

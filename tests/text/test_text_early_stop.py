@@ -1,13 +1,14 @@
 """A draft model that stops drafting early (``stop_below``, transformers' assistant confidence
 threshold): greedy equality with generate, losslessness under sampling with the exact-enumeration
-harness (the stops really happen, at varying lengths), and clear errors."""
+harness (the stops really happen, at varying lengths), and clear errors; STAND's chain stopping
+where its memory is unsure, the same way."""
 
 import pytest
 import torch
 
 from conftest import TEXT_PROMPTS, generate_reference, tiny_hf
-from drafters.harness import PROMPT, N, V
-from visualspec.drafters import DraftModelDrafter
+from drafters.harness import PROMPT, STAND_PROMPT, N, V
+from visualspec.drafters import DraftModelDrafter, StandDrafter
 from visualspec.models.hf import HFCausalLM
 from visualspec.core.sampling import SamplingConfig
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
@@ -74,3 +75,89 @@ def test_errors_are_named(tokenizer):
     with pytest.raises(ValueError, match="fixed shape"):
         generate_text(model, tokenizer, "w1", drafter=draft, branches=2, window=7, draft_stop_below=0.3,
                       max_new_tokens=4)
+
+
+# ---------------------------------------------------------------------------------- STAND's stop
+
+def test_stands_chain_stops_at_its_first_unsure_draft():
+    """After "5 1" the prompt's memory holds 5 and 3 at 1/2 each (greedy: 3), after "1 3" only 5:
+    a stop below 0.6 ends the chain at the unsure draft, which is kept; below 0.4 it goes on."""
+    prompt, generated = [5, 1, 5, 2, 5, 1, 3, 5], torch.tensor([[1, 0, 0]])
+    for stop, drafts in ((None, [[3, 5]]), (0.4, [[3, 5]]), (0.6, [[3]])):
+        d = StandDrafter([prompt], 6, max_ngram=2, stop_below=stop)
+        d.start(1, 16, SamplingConfig(temperature=0))
+        assert d.propose(generated, 1, 2)[0].tolist() == drafts, stop
+
+
+class RecordingStand(StandDrafter):
+    """Records how many drafts each step got."""
+
+    lengths: list
+
+    def propose(self, tokens, n, k, generator=None):
+        drafts, q = super().propose(tokens, n, k, generator)
+        if k:
+            assert q.shape[:2] == drafts.shape
+            self.lengths.append((k, drafts.shape[1]))
+        return drafts, q
+
+
+def test_stands_early_stop_is_lossless():
+    """20,000 sequences of 4 tokens in batches of 16 rows, window 4, STAND over a prompt whose
+    contexts have several successors, stopping below 0.9 (a batch stops only where every row's
+    latest draft is unsure, so the batches are small); chi-square against the exact law, bound
+    from the sample size. Some steps stop early and most do not, and the law must still be exact
+    (the harness's control for STAND, drafts claimed uniform, is
+    ``test_the_harness_catches_a_wrong_draft_distribution``)."""
+    target = HFCausalLM(tiny_hf("llama", vocab_size=V))
+    lengths = []
+
+    def make_prefix(rows):
+        return torch.tensor([STAND_PROMPT]).expand(rows, len(STAND_PROMPT))
+
+    def drafter(rows):
+        d = RecordingStand([STAND_PROMPT] * rows, V, max_ngram=2, stop_below=0.9)
+        d.lengths = lengths
+        return d
+
+    sampling = SamplingConfig(temperature=0.8, top_k=3)
+    seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
+    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=16, window=4, drafter_factory=drafter)
+    fit = chi_square_fit(drawn, seqs, probs)
+    assert fit.passed, fit
+    stopped = sum(got < asked for asked, got in lengths)
+    assert 0 < stopped < len(lengths), (stopped, len(lengths))  # the early stop is taken, and not always
+
+
+def test_stand_takes_its_default_stop_and_zero_turns_it_off(tokenizer, monkeypatch):
+    import visualspec.text.generate as generate
+
+    model = tiny_hf("llama", vocab_size=64)
+    seen = []
+    monkeypatch.setattr(generate, "StandDrafter",
+                        lambda *a, **kw: seen.append(kw["stop_below"]) or StandDrafter(*a, **kw))
+    monkeypatch.setattr(generate, "STAND_STOP_BELOW", 0.25)
+    for stop in (None, 0, 0.5):
+        out = generate_text(model, tokenizer, TEXT_PROMPTS[0], drafter="stand", window=4, max_new_tokens=12,
+                            temperature=0, draft_stop_below=stop)
+        assert out.token_ids[0] == generate_reference(model, tokenizer, TEXT_PROMPTS[0], 12)
+    assert seen == [0.25, 0, 0.5]
+    with pytest.raises(ValueError, match="stop_below must be a number in"):
+        generate_text(model, tokenizer, "w1", drafter="stand", draft_stop_below=1.5, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("stop", [None, 0.5])
+def test_stands_greedy_drafts_are_its_dense_laws_argmax(stop):
+    """Greedy STAND drafts from its memory directly; the same drafts as the argmax of the dense
+    laws the sampled path builds, on random prompts of a small vocabulary (ties and unseen contexts
+    included), stops as well."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 5, (6, 12), generator=gen).tolist()
+    tokens = torch.randint(0, 5, (6, 4), generator=gen)
+    greedy = SamplingConfig(temperature=0)
+    d = StandDrafter(prompts, 5, max_ngram=2, stop_below=stop)
+    d.start(6, 16, greedy)
+    drafts, q = d.propose(tokens, torch.tensor([1, 2, 3, 4, 2, 1]), 5)
+    dense, laws = d._chains(d.tables, d._contexts(tokens, torch.tensor([1, 2, 3, 4, 2, 1])), (6,), 5, "cpu",
+                            stop_below=stop)
+    assert q is None and torch.equal(drafts, dense) and laws.shape[1] == drafts.shape[1]

@@ -81,6 +81,13 @@ class HybridDrafter(Drafter):
         return f"{type(self).__name__}[{self.depth}]:{self.feature.cost_tag()}+{self.jacobi.cost_tag()}"
 
 
+def _filled(rows: list, tokens: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """Rows of drafts (lists, none empty) as a (B, width) tensor like ``tokens``, each row filled
+    to ``width`` (default: the longest row) with its last draft."""
+    width = width or max(map(len, rows))
+    return torch.tensor([r + r[-1:] * (width - len(r)) for r in rows], dtype=tokens.dtype, device=tokens.device)
+
+
 class LookupFeatureDrafter(Drafter):
     """Each row's drafts copied from its context where the context's end matches earlier text by at
     least ``lookup.min_ngram`` tokens (prompt lookup, :class:`NGramDrafter`), else the feature
@@ -93,10 +100,10 @@ class LookupFeatureDrafter(Drafter):
     where the match is short); its cache catches up on the positions it skipped at its next
     proposal, from the real features the engine keeps handing it.
 
-    A row that copies drafts all k tokens the step asks for; one that does not, at most
-    ``feature_drafts`` (None: k), since each feature draft costs a drafter pass where a copied one
-    costs nothing. Where rows of a batch differ, the shorter rows are padded with their last draft
-    again, as a point mass.
+    A row that copies drafts the continuation it matched, up to the k tokens the step asks for; one
+    that does not, at most ``feature_drafts`` (None: k), since each feature draft costs a drafter
+    pass where a copied one costs nothing. Where rows of a batch differ, the shorter rows are
+    filled with their last draft again, as a point mass.
 
     Lossless under the exact rule: a row's choice depends only on its committed tokens, and its
     drafts are draws from the law reported for them, a point mass for the copied ones and the
@@ -127,23 +134,24 @@ class LookupFeatureDrafter(Drafter):
         B = tokens.shape[0]
         if k == 0:
             return tokens.new_empty(B, 0), None
-        matches = [self.lookup.match(self.lookup.prompts[self.lookup.rows[b]] + row[:length], k)
+        follows = [self.lookup.continuation(self.lookup.prompts[self.lookup.rows[b]] + row[:length], k)[0]
                    for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, B).tolist()))]
-        copy = torch.tensor([size > 0 for _, size in matches], device=tokens.device)
-        copied = torch.tensor([drafts for drafts, _ in matches], dtype=tokens.dtype, device=tokens.device)
-        self.copied += int(copy.sum()) * k
-        if bool(copy.all()):
-            return copied, None
+        copy = [bool(f) for f in follows]
+        self.copied += sum(map(len, follows))
+        if all(copy):
+            return _filled(follows, tokens), None
         drafts, q = self.feature.propose(tokens, n, min(k, self.feature_drafts or k), generator)
-        if not bool(copy.any()):
+        if not any(copy):
             return drafts, q
-        pad = k - drafts.shape[1]  # the feature rows' drafts, their last one repeated as a point mass
-        drafts = torch.cat([drafts, drafts[:, -1:].expand(-1, pad)], 1)
-        drafts = torch.where(copy[:, None], copied, drafts)
+        width = max(drafts.shape[1], *map(len, follows))  # every row filled with its last draft, a point mass
+        rows = [f if c else d for f, c, d in zip(follows, copy, drafts.tolist())]
+        filled = _filled(rows, tokens, width)
         if q is not None:
-            mass = point_mass(drafts, q.shape[-1]).to(q.dtype)
-            q = torch.where(copy[:, None, None], mass, torch.cat([q, mass[:, k - pad:]], 1))
-        return drafts, q
+            mass = point_mass(filled, q.shape[-1]).to(q.dtype)
+            feature_rows = torch.tensor([not c for c in copy], device=tokens.device)
+            mass[feature_rows, :q.shape[1]] = q[feature_rows]
+            q = mass
+        return filled, q
 
     def observe(self, n, committed, target_probs, generator=None, features=None):
         self.feature.observe(n, committed, target_probs, generator, features=features)

@@ -6,7 +6,7 @@ from collections import OrderedDict
 
 import torch
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_positive_int, check_probability
 from ..core.engine import Drafter
 from ..core.multidraft import DraftTree, gumbel_top_k
 from ..core.rows import per_row
@@ -34,14 +34,21 @@ class StandDrafter(Drafter):
     suffix the draft repeats the last token as a point mass. At temperature 0 the draft is
     ``argmax q`` (ties: smaller id) and the drafts are returned as point masses (``None``).
 
+    ``stop_below`` ends a step's chain early: once every row's latest draft has probability below
+    it under q (that draft kept), no more drafts are made, as a draft model's ``stop_below`` does.
+    The stop depends only on the drafts drawn and their laws, so verification stays lossless; it
+    saves window columns where STAND's memory is unsure.
+
     :meth:`propose_tree` drafts a tree for tree verification: ``branches`` distinct first tokens
     drawn from q without replacement (Gumbel-top-k), each followed by a chain.
     """
 
-    def __init__(self, prompts, vocab_size: int, max_ngram: int = 3, top_m: int = 8, max_entries: int = 65536):
+    def __init__(self, prompts, vocab_size: int, max_ngram: int = 3, top_m: int = 8, max_entries: int = 65536,
+                 stop_below: float | None = None):
         for name, value in (("vocab_size", vocab_size), ("max_ngram", max_ngram), ("top_m", top_m),
                             ("max_entries", max_entries)):
             check_positive_int(name, value)
+        self.stop_below = None if stop_below is None else check_probability("stop_below", stop_below)
         self.prompts = [list(map(int, p)) for p in prompts]
         for p in self.prompts:
             if p and not (0 <= min(p) and max(p) < vocab_size):
@@ -141,8 +148,10 @@ class StandDrafter(Drafter):
         q[rows, cols] = torch.tensor(vals, dtype=torch.float32, device=device)
         return q
 
-    def _chains(self, tables: list, contexts: list, shape: tuple, k: int, device, generator=None):
-        """k tokens after each context (extended in place): tokens (*shape, k), q (*shape, k, V)."""
+    def _chains(self, tables: list, contexts: list, shape: tuple, k: int, device, generator=None,
+                stop_below: float | None = None):
+        """k tokens after each context (extended in place): tokens (*shape, k), q (*shape, k, V);
+        with ``stop_below``, fewer, ending at the first draft every context's q gives less than it."""
         if k == 0:
             return (torch.empty(*shape, 0, dtype=torch.long, device=device),
                     torch.empty(*shape, 0, self.vocab_size, device=device))
@@ -152,19 +161,52 @@ class StandDrafter(Drafter):
             x = self.sampling.draw(q, generator)
             drafts.append(x)
             probs.append(q)
+            if stop_below is not None and bool((q.gather(-1, x[..., None]) < stop_below).all()):
+                break
             for ctx, t in zip(contexts, x.flatten().tolist()):
                 ctx.append(t)
                 if len(ctx) > self.max_ngram:
                     del ctx[0]
         return torch.stack(drafts, -1), torch.stack(probs, -2)
 
+    def _greedy_chains(self, contexts: list, k: int, stop_below: float | None = None) -> list:
+        """:meth:`_chains` at temperature 0 without its dense laws: per context, the heaviest stored
+        token (ties: the smaller id), argmax q, or the last token where nothing is stored; with
+        ``stop_below``, ending at the first draft whose weight share is below it in every context.
+        The drafts, a list of steps of one token per context."""
+        drafts = []
+        for _ in range(k):
+            step, sure = [], stop_below is None
+            for table, ctx in zip(self.tables, contexts):
+                entry = self._lookup(table, ctx)
+                if entry is None:
+                    step.append(ctx[-1])
+                    sure = True
+                    continue
+                token, weight = min(entry.items(), key=lambda tw: (-tw[1], tw[0]))
+                step.append(token)
+                if not sure:
+                    sure = weight >= stop_below * sum(entry.values())
+            drafts.append(step)
+            if not sure:
+                break
+            for ctx, t in zip(contexts, step):
+                ctx.append(t)
+                if len(ctx) > self.max_ngram:
+                    del ctx[0]
+        return drafts
+
     def propose(self, tokens, n, k, generator=None):
         self._catch_up(tokens, n)
         B = tokens.shape[0]
         if k == 0:
             return tokens.new_empty(B, 0), None
-        drafts, q = self._chains(self.tables, self._contexts(tokens, n), (B,), k, tokens.device, generator)
-        return drafts.to(tokens.dtype), (None if self.sampling.greedy else q)
+        if self.sampling.greedy:  # point masses: no law to build
+            drafts = self._greedy_chains(self._contexts(tokens, n), k, self.stop_below)
+            return torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device).T.reshape(B, -1), None
+        drafts, q = self._chains(self.tables, self._contexts(tokens, n), (B,), k, tokens.device, generator,
+                                 self.stop_below)
+        return drafts.to(tokens.dtype), q
 
     def propose_tree(self, tokens: torch.Tensor, n: torch.Tensor, branches: int, depth: int, generator=None):
         """A draft tree after ``tokens[:, :n]``: ``branches`` chains of ``depth`` tokens, returned as a

@@ -64,6 +64,7 @@ LOOKUP_LONGEST = 8  # the longest match of the context's end that lookup= search
 # window 8 by the rule of docs/experiments/2026-12-07-lookup-feature-drafter.md
 LOOKUP_FEATURE_DRAFTS = 3
 ACCEPTANCE = ("exact", "typical", "judge")
+STAND_STOP_BELOW = 0.5  # drafter="stand"'s default draft_stop_below (docs/experiments/2026-12-07-stand-stop-below.md)
 
 
 @dataclass
@@ -131,13 +132,13 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
     if lookup is not None and not isinstance(drafter, FeatureDraftModel):
         raise ValueError(f"lookup= copies drafts where the context repeats and lets a feature drafter draft "
                          f"elsewhere; it needs a feature drafter, not drafter={drafter!r}")
-    model_free = drafter is None or isinstance(drafter, (str, FeatureDraftModel))
+    model_free = drafter is None or (isinstance(drafter, (str, FeatureDraftModel)) and drafter != "stand")
     if draft_vocab is not None and (drafter is None or isinstance(drafter, str)):
         raise ValueError(f"draft_vocab trims the drafts' LM head; it needs a draft model or a feature drafter, "
                          f"not drafter={drafter!r}")
     if model_free and stop_below is not None:
-        raise ValueError(f"draft_stop_below ends a draft model's drafts early; it needs a draft model, "
-                         f"not drafter={drafter!r}")
+        raise ValueError(f"draft_stop_below ends a draft model's or STAND's drafts early; it needs a draft model or "
+                         f"drafter='stand', not drafter={drafter!r}")
     if drafter is None:
         return None
     rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
@@ -146,7 +147,7 @@ def _drafter(drafter, model, prefix, input_ids, attention_mask, ngram: int, draf
         if drafter == "ngram":
             return NGramDrafter(rows, max_ngram=ngram)
         if drafter == "stand":
-            return StandDrafter(rows, _vocab_size(model), max_ngram=ngram)
+            return StandDrafter(rows, _vocab_size(model), max_ngram=ngram, stop_below=stop_below)
         return JacobiDrafter(_vocab_size(model), "repeat_left")
     if isinstance(drafter, FeatureDraftModel):
         check_target(drafter, model, target.feature_size)
@@ -272,11 +273,11 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     SAM-Decoding's retrieval-first choice; still lossless): on text that repeats, such as code,
     copied drafts are as good and cost no drafter pass.
 
-    ``draft_stop_below`` (with a draft model only) ends each step's drafts early once the draft
-    model's probability of its latest draft falls below it (transformers' assistant confidence
+    ``draft_stop_below`` (with a draft model or ``"stand"``) ends each step's drafts early once the
+    drafter's probability of its latest draft falls below it (transformers' assistant confidence
     threshold; lossless, see :class:`visualspec.drafters.DraftModelDrafter`), so a long ``window``
     costs draft forwards only where the draft is sure. A Kangaroo drafter's default is its
-    folder's exit threshold (``0`` turns the exit off).
+    folder's exit threshold, STAND's :data:`STAND_STOP_BELOW` (``0`` turns either off).
 
     ``branches`` k > 1 drafts a tree (draft model or ``"stand"``): k first tokens, each followed by
     a chain, ``depth`` tokens long in all (default ``(window - 1) // k``), so the target verifies
@@ -321,6 +322,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         raise ValueError("draft_stop_below ends chain drafts early; draft trees (branches > 1) have a fixed shape")
     if tree is None and draft_stop_below is None and kangaroo_info(drafter) is not None:
         draft_stop_below = kangaroo_info(drafter)["stop_below"]  # Kangaroo's second early exit
+    if tree is None and draft_stop_below is None and drafter == "stand":
+        draft_stop_below = STAND_STOP_BELOW
     if tree is not None and window == "auto":  # a tree's window is its size
         window = 1 + branches * tree[0]
     prompts, input_ids, attention_mask = encode_prompts(tokenizer, prompt)
