@@ -11,13 +11,17 @@ a warm-up call each. Prints tokens per second, tau and outputs equal to compiled
 
 import argparse
 import itertools
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 import visualspec.text.generate as generate
 from visualspec.text import generate_text
 from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import alternated_rounds  # noqa: E402
 
 NEW_TOKENS = 128
 
@@ -57,20 +61,7 @@ def main():
 
     reference = [generate_text(target, tokenizer, p, max_new_tokens=NEW_TOKENS, temperature=0,
                                compile=True).token_ids[0] for p in texts]
-    for name in configs:
-        call(texts[0], name)
-    rows = {name: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for name in configs}
-    order = list(configs)
-    for r in range(args.rounds):
-        for prompt, ref in zip(texts, reference):
-            for name in (order if r % 2 == 0 else order[::-1]):
-                t0 = time.perf_counter()
-                out = call(prompt, name)
-                rows[name]["seconds"] += time.perf_counter() - t0
-                ids = out.token_ids[0]
-                rows[name]["tokens"] += len(ids)
-                rows[name]["forwards"] += out.stats.target_forwards
-                rows[name]["equal"] += ids == ref
+    rows = alternated_rounds(configs, call, texts, reference, args.rounds)
     calls = args.rounds * len(texts)
     print(f"{'configuration':<34} {'tokens/s':>9} {'tau':>6} {'equal':>7}")
     for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["tokens"] / kv[1]["seconds"]):

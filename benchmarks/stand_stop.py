@@ -13,12 +13,16 @@ and their geometric mean (docs/experiments/2026-12-07-stand-stop-below.md).
 import argparse
 import itertools
 import math
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from visualspec.text import generate_text
 from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_pair, pair_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import alternated_rounds  # noqa: E402
 
 NEW_TOKENS = 128
 
@@ -47,20 +51,7 @@ def main():
 
     reference = [generate_text(target, tokenizer, p, max_new_tokens=NEW_TOKENS, temperature=0).token_ids[0]
                  for p in texts]
-    for config in configs:
-        call(texts[0], config)
-    rows = {config: {"seconds": 0.0, "tokens": 0, "forwards": 0, "equal": 0} for config in configs}
-    for r in range(args.rounds):
-        for prompt, ref in zip(texts, reference):
-            for config in (configs if r % 2 == 0 else configs[::-1]):
-                t0 = time.perf_counter()
-                out = call(prompt, config)
-                row = rows[config]
-                row["seconds"] += time.perf_counter() - t0
-                ids = out.token_ids[0]
-                row["tokens"] += len(ids)
-                row["forwards"] += out.stats.target_forwards
-                row["equal"] += ids == ref
+    rows = alternated_rounds(configs, call, texts, reference, args.rounds)
     speed = {c: r["tokens"] / r["seconds"] for c, r in rows.items()}
     calls = args.rounds * len(texts)
     for config, r in rows.items():

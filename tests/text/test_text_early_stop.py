@@ -27,17 +27,21 @@ def test_greedy_output_equals_generate_and_fewer_drafts_are_made(family, tokeniz
     assert runs[0.5].stats.draft_forwards < runs[None].stats.draft_forwards
 
 
-class Recording(DraftModelDrafter):
-    """Records how many drafts each step got."""
+def recording(drafter_class):
+    """``drafter_class`` recording, in its ``lengths`` list, how many drafts each step asked and got."""
+    class Recording(drafter_class):
+        lengths: list
 
-    lengths: list
+        def propose(self, tokens, n, k, generator=None):
+            drafts, q = super().propose(tokens, n, k, generator)
+            if k:
+                assert q.shape[:2] == drafts.shape
+                self.lengths.append((k, drafts.shape[1]))
+            return drafts, q
+    return Recording
 
-    def propose(self, tokens, n, k, generator=None):
-        drafts, q = super().propose(tokens, n, k, generator)
-        if k:
-            assert q.shape[:2] == drafts.shape
-            self.lengths.append((k, drafts.shape[1]))
-        return drafts, q
+
+Recording = recording(DraftModelDrafter)
 
 
 def test_early_stopping_is_lossless():
@@ -47,23 +51,30 @@ def test_early_stopping_is_lossless():
     the early stop is taken on half of all steps, and the law must still be exact."""
     target = HFCausalLM(tiny_hf("llama", vocab_size=V))
     draft = HFCausalLM(tiny_hf("llama", seed=2, vocab_size=V))
+    fit, lengths = sampled_with_stops(target, PROMPT, 64, lambda prefix: Recording(draft, prefix, stop_below=0.6))
+    assert fit.passed, fit
+    stopped = sum(got < asked for asked, got in lengths)
+    assert lengths and stopped == len(lengths), (stopped, len(lengths))  # the early stop is taken
+
+
+def sampled_with_stops(target, prompt, batch, make_drafter):
+    """The chi-square fit of 20,000 sampled sequences of 4 tokens after ``prompt`` (window 4, in
+    batches of ``batch`` rows, each drafted by ``make_drafter(prefix)``, a :func:`recording`
+    drafter), and the (asked, got) draft counts of every step."""
     lengths = []
 
     def make_prefix(rows):
-        return torch.tensor([PROMPT]).expand(rows, len(PROMPT))
+        return torch.tensor([prompt]).expand(rows, len(prompt))
 
     def drafter(rows):
-        d = Recording(draft, make_prefix(rows), stop_below=0.6)
+        d = make_drafter(make_prefix(rows))
         d.lengths = lengths
         return d
 
     sampling = SamplingConfig(temperature=0.8, top_k=3)
     seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
-    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=64, window=4, drafter_factory=drafter)
-    fit = chi_square_fit(drawn, seqs, probs)
-    assert fit.passed, fit
-    stopped = sum(got < asked for asked, got in lengths)
-    assert lengths and stopped == len(lengths), (stopped, len(lengths))  # the early stop is taken
+    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=batch, window=4, drafter_factory=drafter)
+    return chi_square_fit(drawn, seqs, probs), lengths
 
 
 def test_errors_are_named(tokenizer):
@@ -89,19 +100,6 @@ def test_stands_chain_stops_at_its_first_unsure_draft():
         assert d.propose(generated, 1, 2)[0].tolist() == drafts, stop
 
 
-class RecordingStand(StandDrafter):
-    """Records how many drafts each step got."""
-
-    lengths: list
-
-    def propose(self, tokens, n, k, generator=None):
-        drafts, q = super().propose(tokens, n, k, generator)
-        if k:
-            assert q.shape[:2] == drafts.shape
-            self.lengths.append((k, drafts.shape[1]))
-        return drafts, q
-
-
 def test_stands_early_stop_is_lossless():
     """20,000 sequences of 4 tokens in batches of 16 rows, window 4, STAND over a prompt whose
     contexts have several successors, stopping below 0.9 (a batch stops only where every row's
@@ -110,20 +108,8 @@ def test_stands_early_stop_is_lossless():
     (the harness's control for STAND, drafts claimed uniform, is
     ``test_the_harness_catches_a_wrong_draft_distribution``)."""
     target = HFCausalLM(tiny_hf("llama", vocab_size=V))
-    lengths = []
-
-    def make_prefix(rows):
-        return torch.tensor([STAND_PROMPT]).expand(rows, len(STAND_PROMPT))
-
-    def drafter(rows):
-        d = RecordingStand([STAND_PROMPT] * rows, V, max_ngram=2, stop_below=0.9)
-        d.lengths = lengths
-        return d
-
-    sampling = SamplingConfig(temperature=0.8, top_k=3)
-    seqs, probs = exact_sequence_distribution(target, make_prefix, N, sampling)
-    drawn = sample_sequences(target, make_prefix, N, sampling, 20000, batch=16, window=4, drafter_factory=drafter)
-    fit = chi_square_fit(drawn, seqs, probs)
+    fit, lengths = sampled_with_stops(target, STAND_PROMPT, 16, lambda prefix: recording(StandDrafter)(
+        prefix.tolist(), V, max_ngram=2, stop_below=0.9))
     assert fit.passed, fit
     stopped = sum(got < asked for asked, got in lengths)
     assert 0 < stopped < len(lengths), (stopped, len(lengths))  # the early stop is taken, and not always
