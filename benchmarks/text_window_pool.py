@@ -3,6 +3,7 @@
     python benchmarks/text_window_pool.py variants --seed 17 --prompts 24 --first first
     python benchmarks/text_window_pool.py variants --seed 17 --prompts 24 --first copying
     python benchmarks/text_window_pool.py estimate --seed 17 --prompts 12
+    python benchmarks/text_window_pool.py above --seed 37 --prompts 24 --first first
 
 ``variants``: compiled AR and the compiled ``window="auto"`` rows of n-gram, STAND, the shipped
 draft model and feature drafter, each with the pool off and on, interleaved prompt by prompt on
@@ -10,6 +11,11 @@ draft model and feature drafter, each with the pool off and on, interleaved prom
 prompt (``first``), or on the prompt among the next 40 whose greedy continuation a 2-gram lookup
 predicts best (``copying``). Run each in a fresh ``VISUALSPEC_HOME`` so the tables are timed anew.
 Prints tokens per second, the speed over AR, tau, and the score (geometric mean over the drafters).
+
+``above``: the ``window="auto"`` rows of n-gram and STAND, eager and compiled, with windows above
+every pooled call's estimated from the table alone (the old way) or scaled as the pool moved the
+largest pooled window (the new), each with a pool of its own; the score is the geometric mean of
+new / old (docs/experiments/2026-12-07-pool-above-the-calls.md).
 
 ``estimate``: each drafter decodes at fixed windows 2, 4, 8 and 32; the window-32 decodes' row-steps
 estimate the smaller windows' tokens a step by ``min(c, w)`` and by ``c`` over ``ceil(c / w)`` steps
@@ -48,13 +54,7 @@ def copying_share(prompt_ids: list[int], continuation: list[int]) -> float:
 
 def variants(args, tokenizer, target, drafters, call):
     texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
-    first = texts[0]
-    if args.first == "copying":
-        candidates = held_out_prompts(pair_folder(), tokenizer, args.prompts + 40, PROMPT_TOKENS,
-                                      seed=args.seed)[args.prompts:]
-        shares = [copying_share(tokenizer(p).input_ids, call(p).token_ids[0]) for p in candidates]
-        first = candidates[max(range(len(candidates)), key=shares.__getitem__)]
-        print(f"first call: candidate {shares.index(max(shares))}, copying share {max(shares):.2f}")
+    first = first_prompt(args, tokenizer, texts, call)
     pooled = {"on": True}
     step_policy = window_costs.step_policy
 
@@ -82,6 +82,58 @@ def variants(args, tokenizer, target, drafters, call):
     return result
 
 
+def table_only_above(tokens, pool, new_tokens):
+    """The pool's estimate before 2026-12-07's change: windows above every pooled one keep the table's."""
+    pooled = dict(tokens)
+    for w, t in tokens.items():
+        if w > 1 and pool.get(w, (0.0, 0))[1] > 0:
+            made, steps = pool[w]
+            pooled[w] = (new_tokens + made) / (new_tokens / t + steps)
+    return pooled
+
+
+def above(args, tokenizer, target, drafters, call):
+    """The ``window="auto"`` rows of n-gram and STAND, eager and compiled, with the windows above
+    every pooled call's estimated the old way (the table's) or the new (scaled), each variant with
+    a pool of its own (docs/experiments/2026-12-07-pool-above-the-calls.md)."""
+    texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+    first = first_prompt(args, tokenizer, texts, call)
+    variant = {"now": "new"}
+    estimates = {"old": table_only_above, "new": window_costs.pooled_tokens}
+    make_pool = window_costs.CallPool
+    window_costs.pooled_tokens = lambda *a: estimates[variant["now"]](*a)
+    window_costs.CallPool = lambda key, windows: make_pool(f"{key}|{variant['now']}", windows)
+    rows = [(name, compiled, v) for name in ("ngram", "stand") for compiled in (False, True) for v in ("old", "new")]
+    seconds, tokens = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0)
+    for i, prompt in enumerate([first, *texts]):
+        for row in (rows if i % 2 else rows[::-1]):
+            name, compiled, variant["now"] = row
+            t0 = time.perf_counter()
+            out = call(prompt, drafter=drafters[name], compile=compiled)
+            if i:  # the first round is the warm-up that times the tables
+                seconds[row] += time.perf_counter() - t0
+                tokens[row] += len(out.token_ids[0])
+    speed = {row: tokens[row] / seconds[row] for row in rows}
+    result = {f"{name}|{'compiled' if compiled else 'eager'}": {v: round(speed[name, compiled, v], 1)
+                                                                 for v in ("old", "new")} for name, compiled, _ in rows}
+    ratios = [speed[name, compiled, "new"] / speed[name, compiled, "old"] for name, compiled, v in rows if v == "new"]
+    result["score"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4)
+    result["lowest"] = round(min(ratios), 4)
+    return result
+
+
+def first_prompt(args, tokenizer, texts, call):
+    """The prompt whose call times the tables: the first (``--first first``), or among the 40 after
+    ``texts`` the one whose greedy continuation a 2-gram lookup predicts best (``copying``)."""
+    if args.first != "copying":
+        return texts[0]
+    candidates = held_out_prompts(pair_folder(), tokenizer, args.prompts + 40, PROMPT_TOKENS,
+                                  seed=args.seed)[args.prompts:]
+    shares = [copying_share(tokenizer(p).input_ids, call(p).token_ids[0]) for p in candidates]
+    print(f"first call: candidate {shares.index(max(shares))}, copying share {max(shares):.2f}")
+    return candidates[max(range(len(candidates)), key=shares.__getitem__)]
+
+
 def estimate(args, tokenizer, target, drafters, call):
     texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
     result = {}
@@ -97,7 +149,7 @@ def estimate(args, tokenizer, target, drafters, call):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", choices=("variants", "estimate"))
+    parser.add_argument("study", choices=("variants", "estimate", "above"))
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--first", choices=("first", "copying"), default="first")
@@ -108,11 +160,11 @@ def main():
     tokenizer, target, draft = load_pair(folder)
     drafters = {"ngram": "ngram", "stand": "stand", "draft": draft, "feature": load_feature_drafter(folder)}
 
-    def call(prompt, drafter=None, **kw):
+    def call(prompt, drafter=None, compile=True, **kw):
         return generate_text(target, tokenizer, prompt, drafter=drafter, max_new_tokens=NEW_TOKENS, temperature=0,
-                             generator=torch.Generator().manual_seed(0), compile=True, **kw)
+                             generator=torch.Generator().manual_seed(0), compile=compile, **kw)
 
-    study = variants if args.study == "variants" else estimate
+    study = {"variants": variants, "estimate": estimate, "above": above}[args.study]
     print(json.dumps(study(args, tokenizer, target, drafters, call), indent=1))
 
 

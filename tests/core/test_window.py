@@ -412,12 +412,16 @@ def test_split_steps():
 
 def test_pooled_tokens_weigh_the_table_as_one_call():
     """t(W) = (N + S_W) / (N / t_0(W) + n_W): a table of N = 12 tokens at 4 a step (3 steps) and a
-    call of 9 steps committing 1 each give (12 + 9) / (3 + 9) = 1.75; a window without pooled
-    steps keeps the table's; a pool adds a call's tokens and the steps of every w up to its window
-    they stand for (ceil(c / w) each), and nothing above it."""
+    call of 9 steps committing 1 each give (12 + 9) / (3 + 9) = 1.75; a window above every pooled
+    one is the table's scaled as the largest pooled window moved (6 x 1.75 / 4), within [1, W];
+    without pooled steps the table stays as it is; a pool adds a call's tokens and the steps of
+    every w up to its window they stand for (ceil(c / w) each), and nothing above it."""
     from visualspec.core.window import CallPool, pooled_tokens
 
-    assert pooled_tokens({1: 1.0, 4: 4.0, 8: 6.0}, {4: (9.0, 9)}, 12) == {1: 1.0, 4: 1.75, 8: 6.0}
+    assert pooled_tokens({1: 1.0, 4: 4.0, 8: 6.0}, {4: (9.0, 9)}, 12) == {1: 1.0, 4: 1.75, 8: 2.625}
+    assert pooled_tokens({1: 1.0, 4: 4.0, 8: 2.0}, {4: (9.0, 9)}, 12)[8] == 1.0  # 0.875, clamped to 1
+    assert pooled_tokens({1: 1.0, 2: 1.0, 4: 3.5}, {2: (30.0, 15)}, 12)[4] == 4.0  # 3.5 x 42 / 27, within 4
+    assert pooled_tokens({1: 1.0, 4: 4.0, 8: 6.0}, {}, 12) == {1: 1.0, 4: 4.0, 8: 6.0}
     pool = CallPool("k", [1, 2, 4, 8])
     pool.add(4, [3, 1, 4])
     assert pool.pool == {2: (8.0, 5), 4: (8.0, 3)}

@@ -162,12 +162,20 @@ def pooled_tokens(tokens: Mapping[int, float], pool: Mapping[int, tuple[float, i
     ``t(W) = (N + S_W) / (N / t_0(W) + n_W)``, where ``t_0(W)`` is the table's own (its decode of
     ``N = new_tokens`` tokens a row counts as one call, of N / t_0(W) steps) and ``pool[W] =
     (S_W, n_W)`` are the tokens the calls since committed at W or a larger window and the row-steps
-    of W they stand for (:func:`split_steps`). Windows without pooled steps keep t_0."""
+    of W they stand for (:func:`split_steps`). A window above every pooled one, which no call ran
+    at, is the table's scaled as the pool moved the largest pooled window w*:
+    ``t(W) = t_0(W) t(w*) / t_0(w*)``, within [1, W]
+    (docs/experiments/2026-12-07-pool-above-the-calls.md); without pooled steps, t_0."""
     pooled = dict(tokens)
-    for w, t in tokens.items():
-        if w > 1 and pool.get(w, (0.0, 0))[1] > 0:
-            made, steps = pool[w]
-            pooled[w] = (new_tokens + made) / (new_tokens / t + steps)
+    seen = [w for w in tokens if w > 1 and pool.get(w, (0.0, 0))[1] > 0]
+    for w in seen:
+        made, steps = pool[w]
+        pooled[w] = (new_tokens + made) / (new_tokens / tokens[w] + steps)
+    if seen:
+        top = max(seen)
+        for w, t in tokens.items():
+            if w > top:
+                pooled[w] = min(float(w), max(1.0, t * pooled[top] / tokens[top]))
     return pooled
 
 
