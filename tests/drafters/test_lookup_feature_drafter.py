@@ -46,10 +46,11 @@ def test_longest_match_is_the_longest_then_latest_earlier_match():
         assert longest_match(context, longest) == brute_force_match(context, longest), (context, longest)
 
 
-def test_a_match_reports_its_length_and_only_matches_of_min_ngram_copy():
+def test_a_continuation_reports_its_match_and_only_matches_of_min_ngram_copy():
     d = NGramDrafter([[0]], max_ngram=8, min_ngram=2)
-    assert d.match([1, 2, 3, 9, 1, 2], 3) == ([3, 9, 1], 2)
-    assert d.match([1, 2, 3, 9, 7, 2], 2) == ([2, 2], 0)  # "2" alone is too short: no copy
+    assert d.continuation([1, 2, 3, 9, 1, 2], 3) == ([3, 9, 1], 2)
+    assert d.continuation([1, 2, 3, 9, 1, 2], 9) == ([3, 9, 1, 2], 2)  # to the context's end
+    assert d.continuation([1, 2, 3, 9, 7, 2], 2) == ([], 0)  # "2" alone is too short: no copy
     assert d.lookup([1, 2, 3, 9, 7, 2], 2) == [2, 2]
 
 

@@ -11,7 +11,7 @@ from ..core.rows import per_row
 from ..core.verify import point_mass
 from .feature import FeatureDrafter
 from .jacobi import JacobiDrafter
-from .ngram import NGramDrafter
+from .ngram import NGramDrafter, filled
 
 
 class HybridDrafter(Drafter):
@@ -81,13 +81,6 @@ class HybridDrafter(Drafter):
         return f"{type(self).__name__}[{self.depth}]:{self.feature.cost_tag()}+{self.jacobi.cost_tag()}"
 
 
-def _filled(rows: list, tokens: torch.Tensor, width: int | None = None) -> torch.Tensor:
-    """Rows of drafts (lists, none empty) as a (B, width) tensor like ``tokens``, each row filled
-    to ``width`` (default: the longest row) with its last draft."""
-    width = width or max(map(len, rows))
-    return torch.tensor([r + r[-1:] * (width - len(r)) for r in rows], dtype=tokens.dtype, device=tokens.device)
-
-
 class LookupFeatureDrafter(Drafter):
     """Each row's drafts copied from its context where the context's end matches earlier text by at
     least ``lookup.min_ngram`` tokens (prompt lookup, :class:`NGramDrafter`), else the feature
@@ -139,19 +132,19 @@ class LookupFeatureDrafter(Drafter):
         copy = [bool(f) for f in follows]
         self.copied += sum(map(len, follows))
         if all(copy):
-            return _filled(follows, tokens), None
+            return filled(follows, tokens), None
         drafts, q = self.feature.propose(tokens, n, min(k, self.feature_drafts or k), generator)
         if not any(copy):
             return drafts, q
         width = max(drafts.shape[1], *map(len, follows))  # every row filled with its last draft, a point mass
         rows = [f if c else d for f, c, d in zip(follows, copy, drafts.tolist())]
-        filled = _filled(rows, tokens, width)
+        drafts = filled(rows, tokens, width)
         if q is not None:
-            mass = point_mass(filled, q.shape[-1]).to(q.dtype)
+            mass = point_mass(drafts, q.shape[-1]).to(q.dtype)
             feature_rows = torch.tensor([not c for c in copy], device=tokens.device)
             mass[feature_rows, :q.shape[1]] = q[feature_rows]
             q = mass
-        return filled, q
+        return drafts, q
 
     def observe(self, n, committed, target_probs, generator=None, features=None):
         self.feature.observe(n, committed, target_probs, generator, features=features)

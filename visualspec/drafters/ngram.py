@@ -39,25 +39,19 @@ class NGramDrafter(Drafter):
                     for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, B).tolist()))]
         follows = [self.continuation(context, k)[0] for context in contexts]
         width = max(map(len, follows))
-        drafts = [f + [f[-1] if f else context[-1]] * (width - len(f)) for f, context in zip(follows, contexts)]
-        return torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device).reshape(B, width), None
+        if width == 0:
+            return tokens.new_empty(B, 0), None
+        return filled([f or context[-1:] for f, context in zip(follows, contexts)], tokens, width), None
 
     def select(self, rows):
         self.rows = [self.rows[i] for i in rows.tolist()]
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of the context's last n-gram."""
-        drafts, _ = self.match(context, k)
-        return drafts
-
-    def match(self, context: list[int], k: int) -> tuple[list[int], int]:
-        """``(drafts, n)``: :meth:`lookup`'s k drafts and the length n of the n-gram they follow
-        (:func:`longest_match`, between ``min_ngram`` and ``max_ngram``); ``n = 0`` where nothing
-        matched and the drafts repeat the last token."""
-        follow, size = self.continuation(context, k)
         if k == 0:
-            return [], size
-        return follow + [follow[-1] if follow else context[-1]] * (k - len(follow)), size
+            return []
+        follow = self.continuation(context, k)[0] or context[-1:]
+        return follow + follow[-1:] * (k - len(follow))
 
     def continuation(self, context: list[int], k: int) -> tuple[list[int], int]:
         """``(follow, n)``: the at most k tokens that followed the context's longest earlier n-gram
@@ -66,6 +60,13 @@ class NGramDrafter(Drafter):
         if size < self.min_ngram:
             return [], 0
         return context[end + 1:end + 1 + k], size
+
+
+def filled(rows: list, like: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """Rows of drafts (non-empty lists) as a (B, width) tensor of ``like``'s dtype and device, each
+    row filled to ``width`` (default: the longest row's length) with its last draft again."""
+    width = width or max(map(len, rows))
+    return torch.tensor([r + r[-1:] * (width - len(r)) for r in rows], dtype=like.dtype, device=like.device)
 
 
 def longest_match(context: list[int], longest: int) -> tuple[int, int]:
