@@ -5,6 +5,7 @@
     python benchmarks/step_overhead.py --device cuda --batch-sizes 1 16 --window 8    # one window to compile
     python benchmarks/step_overhead.py --model shapes-lumina               # the Lumina-layout model
     python benchmarks/step_overhead.py --model shapes-any-order --modes ar assd
+    python benchmarks/step_overhead.py --text --modes ar ngram stand --images 8   # assets/text-pair, window 6
 
 For each batch size and mode (a bench mode of the pipeline: ``ar``, ``sjd``, ...; each eager and
 ``+compiled``), it generates ``--images`` images (after one untimed warm-up call that measures the
@@ -74,11 +75,11 @@ class Timers:
     ``events`` records each prefill's arguments and each window forward's shape and start, in
     order, for :meth:`bare_s`."""
 
-    def __init__(self, pipe, device):
+    def __init__(self, pipe, device, family=None, cls=None):
         self.decode_s = self.forward_s = self.prefill_s = 0.0
         self.forwards, self.decoding = 0, False
-        family, cls = sys.modules[type(pipe).__module__], target_class(pipe)
-
+        family = family or sys.modules[type(pipe).__module__]  # the module whose ``decode`` a call runs
+        cls = cls or target_class(pipe)
         def add_forward(seconds, step=True):
             self.forward_s += seconds
             self.forwards += step
@@ -172,16 +173,24 @@ class Timers:
         return seconds + self.query_s
 
 
-def timed_calls(pipe, prompts: list, batch: int, settings: dict, device) -> list[tuple[Timers, float, float]]:
+def timed_calls(pipe, prompts: list, batch: int, settings: dict, device,
+                text=None) -> list[tuple[Timers, float, float]]:
     """One warm-up call (window costs measured, graphs compiled, bare ones too), then a call per
     ``batch`` prompts, each timed and followed at once by the bare replay of its forwards: a list of
     (timers, the call's seconds, its bare seconds). Replaying each call right after it puts both
-    in the same state of a machine whose speed drifts from minute to minute."""
+    in the same state of a machine whose speed drifts from minute to minute. ``text``: a
+    ``(model, tokenizer)`` pair decoded by ``generate_text(..., **settings)`` instead of ``pipe``."""
+    from visualspec.models.hf import HFCausalLM
+    from visualspec.text import generate, generate_text
+
     def call(start: int, seed: int) -> tuple[Timers, float]:
-        timers = Timers(pipe, device)
+        timers = Timers(pipe, device) if text is None else Timers(None, device, generate, HFCausalLM)
         try:
             t0 = time.perf_counter()
-            pipe(prompts[start:start + batch], batch_size=batch, seed=seed, output_type="latent", **settings)
+            if text is None:
+                pipe(prompts[start:start + batch], batch_size=batch, seed=seed, output_type="latent", **settings)
+            else:
+                generate_text(*text, prompts[start:start + batch], seed=seed, **settings)
             return timers, time.perf_counter() - t0
         finally:
             timers.close()
@@ -204,16 +213,20 @@ def main(argv=None) -> int:
     parser.add_argument("--window", type=window_arg, default=None,
                         help="the window of the modes that draft (default: the pipeline's own, 'auto'), e.g. 8: "
                              "one window to compile where each costs a compile, as CUDA graphs do")
+    parser.add_argument("--text", action="store_true",
+                        help="assets/text-pair's target through generate_text (modes ar, ngram, stand, jacobi; "
+                             "greedy, 128 tokens, window 6 or --window; held-out prompts of seed 17); "
+                             "--images counts prompts")
     add_device_option(parser)
     args = parser.parse_args(argv)
-    folder = shipped_or_path(args.model) if args.model else default_model()[0]
     device = torch.device(device_name(args.device))
+    if args.text:
+        return text_main(args, device)
+    folder = shipped_or_path(args.model) if args.model else default_model()[0]
     pipe = VisualSpecPipeline.from_pretrained(folder).to(device)
     pipe.set_progress_bar_config(disable=True)
     print(f"{folder}: {machine_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print("| batch | mode | s/image | forwards/image | prefill ms/image | step ms | forward ms | step / forward "
-          "| bare forward ms | step / bare forward | per call: median (range) |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print_header()
     for batch in args.batch_sizes:
         images = -(-args.images // batch) * batch  # whole calls only: a smaller last call would measure its tables
         prompts = [DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)] for i in range(images)]
@@ -221,16 +234,45 @@ def main(argv=None) -> int:
             settings = type(pipe).bench_mode(mode)
             if args.window is not None and settings.get("decoding", "ar") != "ar":
                 settings["window"] = args.window
-            calls = timed_calls(pipe, prompts, batch, settings, device)
-            seconds, bare = (sum(c[i] for c in calls) for i in (1, 2))
-            step_s, prefill_s, forward_s, steps = (sum(getattr(c[0], name) for c in calls)
-                                                   for name in ("step_s", "prefill_s", "forward_s", "forwards"))
-            ratios = [timers.step_s / bare_s for timers, _, bare_s in calls]
-            spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else "-"
-            print(f"| {batch} | {mode} | {seconds / images:.3f} | {steps * batch / images:.1f} | "
-                  f"{prefill_s / images * 1e3:.1f} | {step_s / steps * 1e3:.2f} | {forward_s / steps * 1e3:.2f} | "
-                  f"{step_s / forward_s:.2f} | {bare / steps * 1e3:.2f} | {step_s / bare:.2f} | "
-                  f"**{statistics.median(ratios):.2f}** ({spread}) |", flush=True)
+            print_row(batch, mode, images, timed_calls(pipe, prompts, batch, settings, device))
+    return 0
+
+
+def print_header() -> None:
+    print("| batch | mode | s/image | forwards/image | prefill ms/image | step ms | forward ms | step / forward "
+          "| bare forward ms | step / bare forward | per call: median (range) |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+
+def print_row(batch: int, mode: str, images: int, calls) -> None:
+    """One table row of :func:`timed_calls`' calls (per image, or per text prompt)."""
+    seconds, bare = (sum(c[i] for c in calls) for i in (1, 2))
+    step_s, prefill_s, forward_s, steps = (sum(getattr(c[0], name) for c in calls)
+                                           for name in ("step_s", "prefill_s", "forward_s", "forwards"))
+    ratios = [timers.step_s / bare_s for timers, _, bare_s in calls]
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else "-"
+    print(f"| {batch} | {mode} | {seconds / images:.3f} | {steps * batch / images:.1f} | "
+          f"{prefill_s / images * 1e3:.1f} | {step_s / steps * 1e3:.2f} | {forward_s / steps * 1e3:.2f} | "
+          f"{step_s / forward_s:.2f} | {bare / steps * 1e3:.2f} | {step_s / bare:.2f} | "
+          f"**{statistics.median(ratios):.2f}** ({spread}) |", flush=True)
+
+
+def text_main(args, device) -> int:
+    """The table for assets/text-pair's target: each mode eager and compiled, at batch 1 only
+    (generate_text's calls are one prompt each here)."""
+    from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_pair, pair_folder
+
+    folder = pair_folder()
+    tokenizer, target, _ = load_pair(folder)
+    prompts = held_out_prompts(folder, tokenizer, args.images, PROMPT_TOKENS, seed=17)
+    print(f"{folder}: {machine_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print_header()
+    for mode in args.modes:
+        for compiled in (False, True):
+            settings = dict(max_new_tokens=128, temperature=0, compile=compiled,
+                            drafter=None if mode == "ar" else mode, window=1 if mode == "ar" else args.window or 6)
+            calls = timed_calls(None, prompts, 1, settings, device, text=(target, tokenizer))
+            print_row(1, mode + ("+compiled" if compiled else ""), len(prompts), calls)
     return 0
 
 
