@@ -31,7 +31,7 @@ import torch
 
 import visualspec.text.generate as gen
 from visualspec.core import window_costs
-from visualspec.core.window import split_steps
+from visualspec.core.window import pooled_tokens, split_steps
 from visualspec.text import generate_text
 from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
 
@@ -84,12 +84,9 @@ def variants(args, tokenizer, target, drafters, call):
 
 def table_only_above(tokens, pool, new_tokens):
     """The pool's estimate before 2026-12-07's change: windows above every pooled one keep the table's."""
-    pooled = dict(tokens)
-    for w, t in tokens.items():
-        if w > 1 and pool.get(w, (0.0, 0))[1] > 0:
-            made, steps = pool[w]
-            pooled[w] = (new_tokens + made) / (new_tokens / t + steps)
-    return pooled
+    top = max([w for w in tokens if w > 1 and pool.get(w, (0.0, 0))[1] > 0], default=max(tokens))
+    pooled = pooled_tokens(tokens, pool, new_tokens)  # the module's own: window_costs' name is swapped below
+    return {w: tokens[w] if w > top else t for w, t in pooled.items()}
 
 
 def above(args, tokenizer, target, drafters, call):
@@ -99,7 +96,7 @@ def above(args, tokenizer, target, drafters, call):
     texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
     first = first_prompt(args, tokenizer, texts, call)
     variant = {"now": "new"}
-    estimates = {"old": table_only_above, "new": window_costs.pooled_tokens}
+    estimates = {"old": table_only_above, "new": pooled_tokens}
     make_pool = window_costs.CallPool
     window_costs.pooled_tokens = lambda *a: estimates[variant["now"]](*a)
     window_costs.CallPool = lambda key, windows: make_pool(f"{key}|{variant['now']}", windows)

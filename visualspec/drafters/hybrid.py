@@ -7,7 +7,6 @@ import torch
 
 from ..core.checks import check_positive_int
 from ..core.engine import Drafter
-from ..core.rows import per_row
 from ..core.verify import point_mass
 from .feature import FeatureDrafter
 from .jacobi import JacobiDrafter
@@ -127,13 +126,12 @@ class LookupFeatureDrafter(Drafter):
         B = tokens.shape[0]
         if k == 0:
             return tokens.new_empty(B, 0), None
-        follows = [self.lookup.continuation(self.lookup.prompts[self.lookup.rows[b]] + row[:length], k)[0]
-                   for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, B).tolist()))]
+        follows = [self.lookup.continuation(context, k)[0] for context in self.lookup.contexts(tokens, n)]
         copy = [bool(f) for f in follows]
         self.copied += sum(map(len, follows))
         if all(copy):
             return filled(follows, tokens), None
-        drafts, q = self.feature.propose(tokens, n, min(k, self.feature_drafts or k), generator)
+        drafts, q = self.feature.propose(tokens, n, self.feature_count(k), generator)
         if not any(copy):
             return drafts, q
         width = max(drafts.shape[1], *map(len, follows))  # every row filled with its last draft, a point mass
@@ -145,6 +143,16 @@ class LookupFeatureDrafter(Drafter):
             mass[feature_rows, :q.shape[1]] = q[feature_rows]
             q = mass
         return drafts, q
+
+    def feature_count(self, k: int) -> int:
+        """The drafts a step of ``k`` asks of the feature drafter: ``min(k, feature_drafts)``."""
+        return min(k, self.feature_drafts or k)
+
+    def precompile_chains(self, rows: int, columns: int, counts, sampling, feature_dtype) -> None:
+        """The feature drafter's :meth:`~FeatureDrafter.precompile_chains` for the proposals it makes
+        in steps of ``counts`` drafts (:meth:`feature_count`)."""
+        self.feature.precompile_chains(rows, columns, sorted({self.feature_count(k) for k in counts}), sampling,
+                                       feature_dtype)
 
     def observe(self, n, committed, target_probs, generator=None, features=None):
         self.feature.observe(n, committed, target_probs, generator, features=features)

@@ -33,14 +33,17 @@ class NGramDrafter(Drafter):
             raise ValueError(f"NGramDrafter has {len(self.prompts)} prompts for a batch of {batch_size}")
         self.rows = list(range(batch_size))
 
+    def contexts(self, tokens, n) -> list[list[int]]:
+        """Each row's context: its prompt, then its ``n`` committed tokens of ``tokens`` (B, ...)."""
+        return [self.prompts[self.rows[b]] + row[:length]
+                for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, tokens.shape[0]).tolist()))]
+
     def propose(self, tokens, n, k, generator=None):
-        B = tokens.shape[0]
-        contexts = [self.prompts[self.rows[b]] + row[:length]
-                    for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, B).tolist()))]
+        contexts = self.contexts(tokens, n)
         follows = [self.continuation(context, k)[0] for context in contexts]
         width = max(map(len, follows))
         if width == 0:
-            return tokens.new_empty(B, 0), None
+            return tokens.new_empty(tokens.shape[0], 0), None
         return filled([f or context[-1:] for f, context in zip(follows, contexts)], tokens, width), None
 
     def select(self, rows):

@@ -163,11 +163,15 @@ class StandDrafter(Drafter):
             probs.append(q)
             if stop_below is not None and bool((q.gather(-1, x[..., None]) < stop_below).all()):
                 break
-            for ctx, t in zip(contexts, x.flatten().tolist()):
-                ctx.append(t)
-                if len(ctx) > self.max_ngram:
-                    del ctx[0]
+            self._advance(contexts, x.flatten().tolist())
         return torch.stack(drafts, -1), torch.stack(probs, -2)
+
+    def _advance(self, contexts: list, tokens: list) -> None:
+        """Each context (its last ``max_ngram`` tokens) followed by its token, in place."""
+        for ctx, t in zip(contexts, tokens):
+            ctx.append(t)
+            if len(ctx) > self.max_ngram:
+                del ctx[0]
 
     def _greedy_chains(self, contexts: list, k: int, stop_below: float | None = None) -> list:
         """:meth:`_chains` at temperature 0 without its dense laws: per context, the heaviest stored
@@ -190,10 +194,7 @@ class StandDrafter(Drafter):
             drafts.append(step)
             if not sure:
                 break
-            for ctx, t in zip(contexts, step):
-                ctx.append(t)
-                if len(ctx) > self.max_ngram:
-                    del ctx[0]
+            self._advance(contexts, step)
         return drafts
 
     def propose(self, tokens, n, k, generator=None):

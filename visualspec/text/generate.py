@@ -381,9 +381,8 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
             columns = input_ids.shape[1] + max_new_tokens + 1 + feature.tree_columns
             feature.model.precompile(rows, columns, {feature.model.pairs_bucket(w) for w in windows})
             if not dynamic:  # greedy chains, one graph a proposal (each window's drafts; a fixed window's alone)
-                cap = drafts.feature_drafts if feature is not drafts else None  # lookup='s feature drafts
-                counts = sorted({min(w - 1, cap or w) for w in (windows if window == "auto" else [window])})
-                feature.precompile_chains(rows, columns, counts, sampling, next(model.parameters()).dtype)
+                counts = sorted({w - 1 for w in (windows if window == "auto" else [window])})
+                drafts.precompile_chains(rows, columns, counts, sampling, next(model.parameters()).dtype)
             if dynamic:
                 feature.model.precompile_tree(rows, columns, tree_width)
     elif isinstance(feature, FeatureDrafter):
