@@ -264,12 +264,11 @@ class HFCausalLM:
         self.column_valid = torch.cat([self.column_valid, torch.ones_like(positions, dtype=torch.bool)], 1)
 
     #: whether :meth:`forward_window` takes ``post`` (the engine's sampling and rule, or a drafter's
-    #: whole step, run inside the step). Not for text: its drafters may stop early, so its windows
-    #: take every length up to the longest, and ``post``'s arguments have the window's own length,
-    #: where a window without it runs in a power-of-two bucket (:func:`window_bucket`): a graph per
-    #: length would multiply its graphs. Image layouts (:class:`~visualspec.models.unified_ar.
-    #: UnifiedImageLM`) take it: their windows are the powers of two the window search tries.
-    posts_inside = False
+    #: whole step, run inside the step). Text drafters may stop early, so a text decode's windows take
+    #: every length up to its longest: the engine's sampler and rule run in the window's power-of-two
+    #: bucket (:func:`window_bucket`), their arguments padded (:func:`pads`), as a window without
+    #: them does; a drafter's whole step runs at its own length.
+    posts_inside = True
 
     @property
     def takes_post(self) -> bool:
@@ -293,8 +292,8 @@ class HFCausalLM:
         their place (the engine's :class:`~visualspec.core.sampling.StepSampler`, or a drafter's
         whole step, whose ``window`` makes the window from ``post_args``: ``tokens`` give its
         shape); ``post_args`` hold one row per row. ``post`` must be hashable: each distinct one
-        gets its own graphs, one per window length (no bucket), compiled by :meth:`precompile`
-        (``compile_new``: now) and never mid-decode."""
+        gets its own graphs, one per window bucket (:func:`pads`; a drafter's whole step: one per
+        window length), compiled by :meth:`precompile` (``compile_new``: now) and never mid-decode."""
         B, L = tokens.shape
         self._last_window = L
         start = torch.as_tensor(start, device=tokens.device).expand(B)
@@ -517,7 +516,7 @@ class HFCausalLM:
             raise RuntimeError("precompile() compiles the compiled step: call compile_step() first")
         input_ids = prefix[0] if isinstance(prefix, (tuple, list)) else prefix
         rows, columns = input_ids.shape[0], static_length(input_ids.shape[1] + max_new_tokens + STATIC_SLACK)
-        runs = sorted({w if post is not None else window_bucket(w) for w in windows if 1 <= w <= COMPILED_WINDOWS})
+        runs = sorted({window_bucket(w) if pads(post) else w for w in windows if 1 <= w <= COMPILED_WINDOWS})
         todo = [run for run in runs
                 if _bucket(rows, run, columns, self._dtype, input_ids.device, self.head_rows is not None, features)
                 + (() if post is None else (post,)) not in self._compiler.compile_s]
@@ -552,14 +551,17 @@ class HFCausalLM:
         """A window forward on the static cache: (B, L) tokens at position ids ``positions``,
         compiled in its :func:`window_bucket` when the step is compiled (the padding tokens sit
         after the window, where nothing real attends them; their columns are given back), and
-        ``post`` on its logits (:meth:`forward_window`: a window with ``post`` runs at its own
-        length, in a graph compiled before the decode, else eagerly)."""
+        ``post`` on its logits (:meth:`forward_window`: its arguments padded to the bucket and its
+        output cropped back, :func:`pads`; a drafter's whole step runs at the window's own length),
+        in a graph compiled before the decode, else eagerly."""
         B, L = tokens.shape
-        run = window_bucket(L) if self._compiled and L <= COMPILED_WINDOWS and post is None else L
+        run = window_bucket(L) if self._compiled and L <= COMPILED_WINDOWS and pads(post) else L
         if run > L:
             extra = torch.arange(1, run - L + 1, device=tokens.device)
             tokens = torch.cat([tokens, tokens.new_zeros(B, run - L)], 1)
             positions = torch.cat([positions, positions[:, -1:] + extra], 1)
+            if post is not None:
+                post_args = post.padded(post_args, L, run)
         valid = self._static_mask_columns(L, room=run)
         start = torch.tensor(self.column_valid.shape[1], device=tokens.device)
         key = _bucket(B, run, valid.shape[1], self._dtype, tokens.device, self.head_rows is not None, features)
@@ -570,11 +572,12 @@ class HFCausalLM:
             out = self._compiler(key, self, tokens, positions, valid, start, features, post, *post_args)
         else:  # rows that finished left the batch (or a window no graph was compiled for): the rest runs
             out = _window_forward(self, tokens, positions, valid, start, features, post, *post_args)  # eagerly
-        if post is not None:
-            return out
-        logits, states = out if features else (out, None)
         if run > L:
             self.cache.crop(L - run)
+        if post is not None:
+            return post.cropped(out, L) if run > L else out
+        logits, states = out if features else (out, None)
+        if run > L:
             logits, states = logits[:, :L], None if states is None else states[:, :L]
         return (logits.float(), states) if features else logits.float()
 
@@ -656,6 +659,14 @@ def _masked_forward(lm: HFCausalLM, tokens, positions, mask, features: bool = Fa
     ``mask`` (B, 1, L, M) (a tree's); with ``features``, the logits and the last hidden states."""
     return lm._logits(features=features, input_ids=tokens, attention_mask=mask, position_ids=positions,
                       past_key_values=lm.cache, use_cache=True)
+
+
+def pads(post) -> bool:
+    """Whether a window with ``post`` (or none) runs in its :func:`window_bucket`, padded: one whose
+    arguments can be padded to the bucket and its output cropped back (``padded``, ``cropped``: the
+    engine's sampler and rule) does; a drafter's whole step, which makes its window inside the step
+    (``window``), runs at its own length."""
+    return post is None or hasattr(post, "padded")
 
 
 def _bucket(rows, window, columns, dtype, device, trimmed, features=False) -> tuple:

@@ -138,8 +138,6 @@ class UnifiedImageLM(HFCausalLM):
     Its window forward takes the engine's ``post`` (:meth:`HFCausalLM.forward_window`), so that a
     compiled step samples, verifies and (SJD) drafts and commits inside its graph."""
 
-    posts_inside = True
-
     def __init__(self, model):
         super().__init__(model, raw_head=True)
 

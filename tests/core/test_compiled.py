@@ -111,9 +111,9 @@ class _Precompiles:
 
 
 @pytest.mark.parametrize("drafts, fails, calls", [
-    (False, (), [([1], "sampling and rule")]),  # the control: nothing fails, every post stays inside
-    (False, ("sampling and rule",), [([1], "sampling and rule"), ([1], None)]),
-    (True, (), [([8], "Jacobi drafts, sampling, rule and commit"), ([1], "sampling and rule")]),
+    (False, (), [([1], "sampling, rule and commit")]),  # the control: nothing fails, every post stays inside
+    (False, ("sampling, rule and commit",), [([1], "sampling, rule and commit"), ([1], None)]),
+    (True, (), [([8], "Jacobi drafts, sampling, rule and commit"), ([1], "sampling, rule and commit")]),
     (True, ("Jacobi drafts, sampling, rule and commit",),
      [([8], "Jacobi drafts, sampling, rule and commit"), ([8], None), ([1], None)]),
 ])
@@ -135,7 +135,7 @@ def test_a_step_torch_cannot_compile_with_its_rule_inside_falls_back_to_the_rule
 
 
 def test_a_bare_step_torch_cannot_compile_still_raises():
-    target = _Precompiles(fails=("sampling and rule", None))
+    target = _Precompiles(fails=("sampling, rule and commit", None))
     with pytest.raises(CompileError, match="could not compile the step on this machine"), pytest.warns(UserWarning):
         precompile_decode(target, torch.zeros(1, 3, dtype=torch.long), 8, SamplingConfig(), [1], drafts=False)
 
@@ -226,11 +226,12 @@ def _guided(model, rows=3):
 @torch.no_grad()
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_the_sampling_and_rule_inside_the_compiled_step_give_the_engines_own_tokens(compiled_pair, temperature):
-    """The compiled step samples and verifies inside its graph (guidance pairing rows, the epsilon
-    cut-off, top-k, then the lossless rule at the uniforms it would draw) and gives the tokens of
-    the engine sampling and verifying outside the step (a target that takes no sampler), with rows
-    finishing apart (a stop token; Jacobi's ragged acceptance) so that the step pads its rows and
-    the rule's arguments; sampled and greedy. The drafts of a coupled Jacobi drafter (which has no
+    """The compiled step samples, verifies and commits inside its graph (guidance pairing rows, the
+    epsilon cut-off, top-k, then the lossless rule at the uniforms it would draw, the commit and the
+    rows that wrote the stop token ended) and gives the tokens of the engine sampling, verifying and
+    committing outside the step (a target that takes no sampler), with rows finishing apart (a stop
+    token; Jacobi's ragged acceptance) so that the step pads its rows and the rule's arguments;
+    sampled and greedy. The drafts of a coupled Jacobi drafter (which has no
     fused step) come from the engine; the fused steps' are the next test's."""
     eager, compiled = compiled_pair
     sampling = SamplingConfig(temperature=temperature, guidance_scale=3.0, top_k=20, epsilon_cutoff=0.01)
@@ -238,7 +239,7 @@ def test_the_sampling_and_rule_inside_the_compiled_step_give_the_engines_own_tok
     eager.takes_post = False  # the engine's own distributions and rule
     try:
         for drafter, window in ((None, 1), (JacobiDrafter(32, coupling=True), 4)):
-            post = step_sampler(compiled, sampling, verifies=True)
+            post = step_sampler(compiled, sampling, verifies=True, commits=(16, 8))  # the decode's: stop token 8
             assert post is not None and step_sampler(eager, sampling) is None
             assert drafter is None or drafter.fused_step(sampling, default_rule(sampling), 16) is None
             compiled.precompile(prefix, 16, [window], post=post)

@@ -150,3 +150,51 @@ def test_lantern_with_zero_budget_is_exact_speculative_sampling():
     a = speculative_verify(drafts, q, target, g1)
     b = lantern_verify(drafts, q, target, g2, neighbours=_neighbours(), delta=0.0)
     assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_tokens, b.next_tokens)
+
+
+def _bucket_case(greedy: bool, rows: int = 600, k: int = 3, run: int = 8, vocab: int = 11):
+    """A verifier, and a window of ``k`` drafts with its step's arguments and the logits of a step
+    run in a bucket of ``run`` tokens (the columns past the window's are padding's, random). Half
+    the rows draft what the target would accept whatever the uniforms (its argmax; sampled, a draw
+    from q = p), so that they accept every real draft and emit the bonus token; half draft at random."""
+    from visualspec.core.sampling import SamplingConfig
+    from visualspec.core.verify import StepVerifier
+
+    g = torch.Generator().manual_seed(5)
+    sampling = SamplingConfig(temperature=0.0 if greedy else 1.0)
+    logits = torch.randn(rows, run, vocab, generator=g, dtype=torch.float64)
+    p = sampling.probs(logits[:, :k + 1])
+    good = torch.arange(rows) < rows // 2
+    if greedy:
+        drafts = torch.where(good[:, None], p[:, :k].argmax(-1), torch.randint(0, vocab, (rows, k), generator=g))
+        q = u = u_emit = None
+    else:
+        q = torch.where(good[:, None, None], p[:, :k], torch.rand(rows, k, vocab, generator=g, dtype=p.dtype).softmax(-1))
+        drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).view(rows, k)
+        u, u_emit = torch.rand(rows, k, generator=g, dtype=torch.float64), torch.rand(rows, generator=g, dtype=torch.float64)
+    return StepVerifier(sampling), logits, (torch.zeros(rows, dtype=torch.long), drafts, q, u, u_emit)
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_a_window_padded_to_its_bucket_gets_its_own_verdict(greedy):
+    """A step run in a power-of-two bucket (the transformers adapters' compiled windows) pads its
+    drafts with ones no rule accepts (:meth:`StepVerifier.padded`): its verdict is the window's own at
+    the same uniforms, for rows that reject early and for rows that accept every real draft (they
+    emit the bonus token from the window's last column, not a padding column's). The control pads
+    with drafts the target would accept (its argmax; a draw from q = p), and changes the verdicts of
+    the rows that accepted every real draft."""
+    verifier, logits, args = _bucket_case(greedy)
+    k, run = args[1].shape[1], logits.shape[1]
+    probs, accepted, tokens = verifier(logits[:, :k + 1], *args)
+    assert 0 < int((accepted == k).sum()) and bool((accepted < k).any())  # both kinds of rows, in every case
+    padded = verifier.cropped(verifier(logits, *verifier.padded(args, k + 1, run)), k + 1)
+    torch.testing.assert_close(padded[0], probs, rtol=0, atol=0)
+    assert torch.equal(padded[1], accepted) and torch.equal(padded[2], tokens)
+
+    partner, drafts, q, u, u_emit = args  # the control: padding the target accepts, its argmax with q = p
+    p = verifier.sampling.probs(logits)[:, k:run - 1]  # at the padding columns
+    control = (partner, torch.cat([drafts, p.argmax(-1)], 1), None if greedy else torch.cat([q, p], 1),
+               None if greedy else torch.nn.functional.pad(u, (0, run - 1 - k)), u_emit)
+    _, accepted_c, tokens_c = verifier(logits, *control)
+    assert torch.equal(accepted_c[accepted < k], accepted[accepted < k])
+    assert bool((accepted_c[accepted == k] > k).all())  # every row that took the real drafts took the padding too

@@ -103,13 +103,13 @@ def test_ar_and_fixed_windows_time_nothing(pipe, priced, monkeypatch):
     assert pipe(PROMPT, decoding="ar", seed=0, output_type="latent").stats.target_forwards == 256
     pipe(PROMPT, decoding="sjd", window=4, seed=0, output_type="latent")
     pipe(PROMPT, decoding="lantern", window=4, seed=0, output_type="latent")
-    # each with what the engine runs inside the step: the sampling and the lossless rule (a Jacobi
+    # each with what the engine runs inside the step: the sampling, the lossless rule and the commit (a Jacobi
     # step whole), or under another rule (LANTERN's) the sampling alone
-    assert asked == [] and compiled == [([1], "StepVerifier"), ([4], "JacobiStep"), ([4], "StepSampler")]
+    assert asked == [] and compiled == [([1], "StepCommitter"), ([4], "JacobiStep"), ([4], "StepSampler")]
     pipe(PROMPT, decoding="sjd", seed=0, output_type="latent")
     # every window, before they are timed, and plain AR's step, should none beat it
     assert len(asked) == 1 and compiled[-3:] == [([w for w in wc.WINDOWS if w > 1], "JacobiStep"),
-                                                 ([1], "StepVerifier"), ([1], "StepVerifier")]
+                                                 ([1], "StepCommitter"), ([1], "StepCommitter")]
 
 
 def test_whole_steps_are_measured_once_and_kept(tmp_path, monkeypatch, capsys):

@@ -76,8 +76,15 @@ def compiled_pair():
     return tiny_hf("llama"), tiny_hf("llama", seed=1)
 
 
-@pytest.mark.parametrize("drafter", [None, "ngram", "model"])
+@pytest.mark.parametrize("drafter", [None, "ngram", "model", "jacobi"])
 def test_the_compiled_step_gives_the_eager_tokens(drafter, compiled_pair, tokenizer, capfd, tmp_path, monkeypatch):
+    """The same tokens, greedy and sampled, with the sampling, the rule and the commit inside the
+    compiled step (windows of every length up to 5 padded to their buckets of 1 to 8; Jacobi's
+    whole step at its own length)."""
+    from visualspec.core.rows import StepCommitter
+    from visualspec.drafters import JacobiStep
+    from visualspec.models.hf import _COMPILERS
+
     monkeypatch.setenv("VISUALSPEC_HOME", str(tmp_path))  # the costs compile=True stores stay here
     model, draft_model = compiled_pair
     draft = draft_model if drafter == "model" else drafter
@@ -85,6 +92,8 @@ def test_the_compiled_step_gives_the_eager_tokens(drafter, compiled_pair, tokeni
     ref = generate_text(model, tokenizer, TEXT_PROMPTS, temperature=0, compile=False, **kw)
     out = generate_text(model, tokenizer, TEXT_PROMPTS, temperature=0, compile=True, **kw)
     assert out.token_ids == ref.token_ids and out.stats.mode.endswith("+compiled")
+    posts = {type(key[-1]) for key in _COMPILERS[model].compile_s}
+    assert StepCommitter in posts and (JacobiStep in posts) is (drafter == "jacobi")
     # sampled tokens too, for one generator (float64 models: the compiled step rounds as the eager one)
     sampled = [generate_text(model, tokenizer, TEXT_PROMPTS, seed=3, compile=c, **kw).token_ids for c in (False, True)]
     assert sampled[0] == sampled[1]

@@ -216,17 +216,19 @@ class Requests:
 
 def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingConfig, windows, *, drafts: bool,
                       rule: Rule | None = None, auto: bool = False, features: bool = False,
-                      drafter: Drafter | None = None, constraints: TokenConstraints | None = None) -> None:
+                      drafter: Drafter | None = None, constraints: TokenConstraints | None = None,
+                      stop_token: int | None = None) -> None:
     """Compile, before a decode of ``prefix`` on ``target``'s compiled step (its ``precompile``),
     every step graph the decode can take, with what :func:`decode` hands each step
     (:func:`step_sampler`): with ``drafts``, the windows ``windows`` under ``rule`` (``features``:
     steps that return the target's features too), run whole inside the step where ``drafter`` has
     a fused step (:func:`~visualspec.core.rows.fused_step`); and plain AR's step, where there are no drafts or
     the window is ``auto`` (its policy may decode as AR, with the lossless rule). ``constraints``:
-    the decode's, if any (their tables are the steps' arguments). Where torch cannot compile a step
-    with its sampling and rule inside, they run after the compiled forward instead
-    (:func:`_precompile_with`)."""
-    extra = {"features": True} if features else {}
+    the decode's, if any (their tables are the steps' arguments); ``stop_token``: the decode's,
+    which a step that commits inside itself checks for (:class:`~visualspec.core.rows.StepCommitter`).
+    Where torch cannot compile a step with its sampling and rule inside, they run after the compiled
+    forward instead (:func:`_precompile_with`)."""
+    extra, commits = {"features": True} if features else {}, (num_tokens, stop_token)
     if drafts:
         fused = fused_step(target, drafter, sampling, num_tokens, rule=rule, features=features,
                            constraints=constraints)
@@ -234,12 +236,13 @@ def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingCo
             _precompile_with(target, prefix, num_tokens, [w for w in windows if w > 1], fused)
             windows = [w for w in windows if w == 1]
         if windows:  # each post is asked for after the last compile: a failed one turns them off
-            post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features, constraints=constraints)
+            post = (step_sampler(target, sampling, verifies=True, rule=rule, features=features, constraints=constraints,
+                                 commits=commits)
                     or step_sampler(target, sampling, features=features, constraints=constraints))
             _precompile_with(target, prefix, num_tokens, windows, post, **extra)
     if not drafts or auto:
         _precompile_with(target, prefix, num_tokens, [1],
-                         step_sampler(target, sampling, verifies=True, constraints=constraints))
+                         step_sampler(target, sampling, verifies=True, constraints=constraints, commits=commits))
 
 
 def _precompile_with(target, prefix: Any, num_tokens: int, windows, post, **kwargs) -> None:
@@ -344,14 +347,15 @@ def decode(
             if tree_step:
                 verdict, committed, target_probs, path = _sibling_step(run, drafts, draft_probs, siblings,
                                                                        min(sibling_depth, k))
-            elif run.step_verifies is not None:  # the lossless rule runs inside the target's step
-                (verdict, target_probs), committed = run.forward_verify(drafts, draft_probs), drafts
+            elif run.step_verifies is not None:  # the lossless rule and the commit run inside the target's step
+                verdict, target_probs, counts = run.forward_verify(drafts, draft_probs)
             else:
                 target_probs, features = run.forward_probs(drafts)
                 verdict, committed = run.verify(drafts, draft_probs, target_probs, features), drafts
-            run.step_done()
-            # commit the accepted drafts and the emitted token
-            counts = run.commit(committed, verdict.num_accepted, verdict.next_tokens, verdict.judged)
+            if tree_step or run.step_verifies is None:
+                run.step_done()
+                # commit the accepted drafts and the emitted token
+                counts = run.commit(committed, verdict.num_accepted, verdict.next_tokens, verdict.judged)
         if search is not None:
             search.observe(k + 1, verdict.num_accepted + 1, tree=siblings_now)
         # keep the cache and the drafter in step

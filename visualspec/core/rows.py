@@ -12,6 +12,7 @@ in step.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,6 +57,25 @@ def commit_window(seq: torch.Tensor, fixed: torch.Tensor, n: torch.Tensor, forwa
     index = index.view(*index.shape, *[1] * len(trailing)).expand(*index.shape, *trailing)
     seq = torch.where(write.view(*write.shape, *[1] * len(trailing)), candidates.gather(1, index), seq)
     return seq, torch.where(write, forwards[:, None], fixed), counts
+
+
+def stop_hits(seq: torch.Tensor, token: int, start: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """(b, N) bool: where rows just wrote ``token``, at positions ``start`` .. ``start + counts - 1``
+    of ``seq`` (b, N)."""
+    return (seq == token) & window_slots(start, counts, seq.shape[1], 1)[0]
+
+
+def stopped_rows(seq: torch.Tensor, fixed: torch.Tensor, forwards: torch.Tensor, token: int, hit: torch.Tensor):
+    """Rows with a hit (:func:`stop_hits`) end at their first one: the rest of their buffer ``seq``
+    is ``token`` (as transformers pads a finished row with its end token), marked in ``fixed`` with
+    the row's forward count where nothing was committed yet. A pure function of its tensors (what a
+    compiled step runs). Returns ``(seq, fixed, stopped (b,) bool, filled (b,))``: the positions
+    each row filled after its stop token."""
+    stopped = hit.any(1)
+    after = (hit.long().cumsum(1) > 0) & stopped[:, None]  # from each stopping row's first new end token on
+    filled = after.sum(1) - stopped.long()
+    return (torch.where(after, torch.full_like(seq, token), seq),
+            torch.where(after & (fixed == 0), forwards[:, None], fixed), stopped, filled)
 
 
 class _Rows:
@@ -137,22 +157,25 @@ class _Rows:
         return self.took(self.seq.index_put((rows, at), tokens), self.fixed.index_put((rows, at), marks), counts, 1)
 
     def stop(self, token: int, start: torch.Tensor, counts: torch.Tensor) -> int:
-        """Rows that just wrote ``token`` at positions ``start`` .. ``start + counts - 1`` end there:
-        the rest of their buffer is ``token`` (as transformers pads a finished row with its end
-        token) and they count as done. Returns the positions after their stop tokens. One read
-        from the device, whether any row stopped (and a second, the count, where one did)."""
-        hit = (self.seq == token) & window_slots(start, counts, self.N, 1)[0]
-        stopped = hit.any(1)
+        """Rows that just wrote ``token`` at positions ``start`` .. ``start + counts - 1`` end there
+        (:func:`stopped_rows`) and count as done. Returns the positions filled after their stop
+        tokens. One read from the device, whether any row stopped (and a second, the count, where
+        one did)."""
+        hit = stop_hits(self.seq, token, start, counts)
+        if not bool(hit.any()):
+            return 0
+        self.seq, self.fixed, stopped, filled = stopped_rows(self.seq, self.fixed, self.forwards, token, hit)
+        return self.ended(stopped, filled)
+
+    def ended(self, stopped: torch.Tensor, filled: torch.Tensor) -> int:
+        """Rows ``stopped`` (b,) bool, whose buffers :func:`stopped_rows` filled (``filled`` (b,)
+        positions each), count as done. Returns the positions filled, read from the device where a
+        row stopped (one read, whether one did)."""
         if not bool(stopped.any()):
             return 0
-        after = hit.long().cumsum(1) > 0  # from each stopping row's first new end token on
-        after &= stopped[:, None]
-        filled = int(after.sum() - stopped.sum())
-        self.seq = torch.where(after, torch.full_like(self.seq, token), self.seq)
-        self.fixed = torch.where(after & (self.fixed == 0), self.forwards[:, None], self.fixed)
         self.n = torch.where(stopped, torch.full_like(self.n, self.N), self.n)
         self.most = self.N
-        return filled
+        return int(filled.sum())
 
     def any_done(self) -> bool:
         """Whether some row has committed all N tokens. The counts are read from the device only
@@ -184,14 +207,60 @@ class _Rows:
         self.req_ids = [self.req_ids[i] for i in rows.tolist()]
 
 
+@dataclass(frozen=True)
+class StepCommitter(StepVerifier):
+    """The lossless rule and the commit run inside a token model's step: the
+    :class:`~visualspec.core.verify.StepVerifier`'s distributions and verdict, then the rows'
+    commit (:func:`commit_window`) and, with a ``stop_token``, the rows that wrote it ended
+    (:func:`stop_hits`, :func:`stopped_rows`), in the step's graph instead of a few dozen small
+    eager calls after it.
+
+    Called as the verifier is, with the rows' state after the uniforms: ``(logits, partner, drafts,
+    draft_probs, u, u_emit, seq (R, N), n (R,), fixed (R, N), forwards (R,), *tables)`` (under
+    constraints, their tables: the step reads its positions from ``n``). Returns ``(probs,
+    num_accepted, next_tokens, seq, fixed, counts)``, then with a ``stop_token`` ``(stopped,
+    filled)``. Frozen and hashable: equal committers share a compiled graph."""
+
+    num_tokens: int = 1  # positions a row generates (its token buffer's length)
+    stop_token: int | None = None
+    label = "sampling, rule and commit"
+
+    def __call__(self, logits, partner, drafts=None, draft_probs=None, u=None, u_emit=None, seq=None, n=None,
+                 fixed=None, forwards=None, *tables):
+        constrained = (n, *tables) if self.constraints is not None else ()
+        probs, accepted, emitted = super().__call__(logits, partner, drafts, draft_probs, u, u_emit, *constrained)
+        drafts = seq.new_empty(seq.shape[0], 0) if drafts is None else drafts
+        seq, fixed, counts = commit_window(seq, fixed, n, forwards, drafts, accepted, emitted)
+        if self.stop_token is None:
+            return probs, accepted, emitted, seq, fixed, counts
+        seq, fixed, stopped, filled = stopped_rows(seq, fixed, forwards, self.stop_token,
+                                                   stop_hits(seq, self.stop_token, n, counts))
+        return probs, accepted, emitted, seq, fixed, counts, stopped, filled
+
+    def cropped(self, out: tuple, length: int) -> tuple:
+        return (out[0][:, :length], *out[1:])
+
+    def example_args(self, model_rows: int, window: int, vocab_size: int, device=None) -> tuple:
+        partner, drafts, draft_probs, u, u_emit, *constrained = super().example_args(model_rows, window, vocab_size,
+                                                                                     device)
+        tables = constrained[1:]  # the verifier's positions n come first under constraints
+        def zeros(*shape):
+            return torch.zeros(model_rows, *shape, dtype=torch.long, device=device)
+        return (partner, drafts, draft_probs, u, u_emit, zeros(self.num_tokens), zeros(), zeros(self.num_tokens),
+                zeros(), *tables)
+
+
 def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, rule: Rule | None = None,
-                 constraints: TokenConstraints | None = None, features: bool = False):
+                 constraints: TokenConstraints | None = None, features: bool = False,
+                 commits: tuple[int, int | None] | None = None):
     """What a decode hands ``target``'s window forward (its ``post``), so that the sampling runs
     inside the target's step, compiled with it: the
     :class:`~visualspec.core.sampling.StepSampler` (the distributions), or with ``verifies`` the
     :class:`~visualspec.core.verify.StepVerifier` (the distributions and the lossless rule's
-    verdict), where ``rule`` is the lossless one (``None``: it); under ``constraints`` they take
-    the constraints' tables too (:meth:`~visualspec.core.constraints.TokenConstraints.tables`).
+    verdict), where ``rule`` is the lossless one (``None``: it); with ``commits``, ``(num_tokens,
+    stop_token)``, too, the :class:`StepCommitter` (the verdict committed, rows that wrote the stop
+    token ended). Under ``constraints`` they take the constraints' tables too
+    (:meth:`~visualspec.core.constraints.TokenConstraints.tables`).
     None where the target takes none (no ``takes_post``), where the target's features ride along,
     or (``verifies``) where the rule is another. A pipeline precompiles the graphs of what its
     decode will hand over (:func:`visualspec.core.engine.precompile_decode`)."""
@@ -202,7 +271,7 @@ def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, ru
         return StepSampler(sampling, step)
     if rule is not None and rule is not default_rule(sampling):
         return None
-    return StepVerifier(sampling, step)
+    return StepVerifier(sampling, step) if commits is None else StepCommitter(sampling, step, *commits)
 
 
 def fused_step(target, drafter, sampling: SamplingConfig, num_tokens: int, *, rule: Rule | None = None,
@@ -261,8 +330,10 @@ class _Run:
         self.features = self.drafter_features or self.rule_features
         # the target's step samples (and, under the lossless rule, verifies) inside itself, where it can
         self.step_probs = step_sampler(target, sampling, constraints=constraints, features=self.features)
+        # and commits, where the step is compiled (eagerly the commit inside costs what it does after)
+        commits = (num_tokens, stop_token) if getattr(target, "compiled_step", False) else None
         self.step_verifies = step_sampler(target, sampling, verifies=True, rule=rule, constraints=constraints,
-                                          features=self.features)
+                                          features=self.features, commits=commits)
         self.step_fuses = fused_step(target, drafter, sampling, num_tokens, rule=rule, constraints=constraints,
                                      features=self.features)
         self._partner_rows = (None, -1)  # the guidance pairs of the model rows, and the batch size they are for
@@ -391,20 +462,30 @@ class _Run:
                                        post_args=(self._partners(), *self._constrained(self.rows.n)))
         return probs[:len(self.rows)], None
 
-    def forward_verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None) -> tuple[Verdict, torch.Tensor]:
-        """One target forward whose step runs the lossless rule itself (``step_verifies``): the
-        uniforms the rule would draw (:func:`~visualspec.core.verify.rule_uniforms`), drawn first
-        from the rows' generators, then the forward. Returns the rule's verdict and the target's
-        distributions (b, K+1, V), as :meth:`forward_probs` and :meth:`verify` would."""
-        rows = self.rows
+    def forward_verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None):
+        """One target forward whose step runs the lossless rule itself (``step_verifies``), and the
+        commit where it is a :class:`StepCommitter`: the uniforms the rule would draw
+        (:func:`~visualspec.core.verify.rule_uniforms`), drawn first from the rows' generators, then
+        the forward. Returns the rule's verdict, the target's distributions (b, K+1, V) and the
+        counts committed (:meth:`commit`'s), as :meth:`forward_probs`, :meth:`verify` and
+        :meth:`commit` would."""
+        rows, post = self.rows, self.step_verifies
         b, k, greedy = len(rows), drafts.shape[1], self.sampling.greedy
         u, u_emit = (None, None) if greedy else rule_uniforms(b, k, rows.generator, drafts.device)
         if k and not greedy and draft_probs is None:
             draft_probs = point_mass(drafts, self.target.vocab_size)
         rule_args = (drafts if k else None, None if greedy else draft_probs, u, u_emit)  # StepVerifier's order
-        (probs, accepted, tokens), _ = self.forward_window(drafts, post=self.step_verifies,
-                                                          post_args=self._step_args(rule_args) + self._constrained(rows.n))
-        return Verdict(accepted[:b], tokens[:b]), probs[:b]
+        if not isinstance(post, StepCommitter):
+            (probs, accepted, tokens), _ = self.forward_window(drafts, post=post,
+                                                              post_args=self._step_args(rule_args) + self._constrained(rows.n))
+            self.step_done()
+            return Verdict(accepted[:b], tokens[:b]), probs[:b], self.commit(drafts, accepted[:b], tokens[:b])
+        self.step_done()  # the commit inside the step marks the positions with this forward
+        state = (*rule_args, rows.seq, rows.n, rows.fixed, rows.forwards)  # StepCommitter's order
+        out, _ = self.forward_window(drafts, post=post, post_args=self._step_args(state) + self._constrained())
+        probs, accepted, emitted, seq, fixed, counts, *stops = (x[:b] for x in out)
+        start = rows.n
+        return Verdict(accepted, emitted), probs, self._committed(start, rows.took(seq, fixed, counts, k + 1), stops)
 
     def forward_fused(self, k: int) -> tuple[Verdict, torch.Tensor]:
         """One step of ``k`` drafts that runs whole inside the target's step (``step_fuses``): the
@@ -479,11 +560,13 @@ class _Run:
         start = self.rows.n
         return self._committed(start, self.rows.commit(drafts, accepted, emitted, judged))
 
-    def _committed(self, start: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """After a commit of ``counts`` (b,) at positions ``start``: stop tokens, structural tokens,
-        statistics and progress. Returns ``counts``."""
+    def _committed(self, start: torch.Tensor, counts: torch.Tensor, stops=()) -> torch.Tensor:
+        """After a commit of ``counts`` (b,) at positions ``start``: stop tokens (found by the step
+        itself where it gives ``stops``, :class:`StepCommitter`'s), structural tokens, statistics and
+        progress. Returns ``counts``."""
         if self.stop_token is not None:
-            self.stats.stopped_tokens += self.rows.stop(self.stop_token, start, counts)
+            self.stats.stopped_tokens += (self.rows.ended(*stops) if stops
+                                          else self.rows.stop(self.stop_token, start, counts))
         if self.constraints is not None:
             self._structural.append(self.constraints.count(start, counts))
         self._counts.append(counts)  # read once, at the end

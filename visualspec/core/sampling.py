@@ -193,6 +193,17 @@ class StepSampler:
         return (torch.zeros(model_rows, dtype=torch.long, device=device),
                 *self.constraint_args(model_rows, vocab_size, device))
 
+    def padded(self, args: tuple, length: int, run: int) -> tuple:
+        """``args`` of a window of ``length`` tokens for the step of a window of ``run`` >= ``length``
+        (a model that runs its windows in buckets pads the window after its tokens): none of a
+        sampler's arguments has the window's length."""
+        return args
+
+    def cropped(self, out: torch.Tensor, length: int) -> torch.Tensor:
+        """The output of a padded step (:meth:`padded`) as a window of ``length`` tokens gives it:
+        its first ``length`` distributions (a padding column's are no position's)."""
+        return out[:, :length]
+
 
 def check_sampling_args(temperature: float, top_k: int, top_p: float, guidance_scale: float,
                         epsilon_cutoff: float = 0.0) -> None:

@@ -221,6 +221,40 @@ class StepVerifier:
         return (partner, drafts, draft_probs, u, None if greedy else zeros(model_rows),
                 *StepSampler(self.sampling, self.constraints).constraint_args(model_rows, vocab_size, device))
 
+    def padded(self, args: tuple, length: int, run: int) -> tuple:
+        """``args`` of a window of ``length`` tokens for the step of a window of ``run`` >= ``length``
+        (a model that runs its windows in buckets pads the window after its tokens), with drafts no
+        rule accepts in the extra draft columns (:func:`padded_drafts`), so that the verdict is the
+        window's own."""
+        if run == length:
+            return args
+        partner, drafts, draft_probs, u, *rest = args
+        return (partner, *padded_drafts(drafts, draft_probs, u, run - 1), *rest)
+
+    def cropped(self, out: tuple, length: int) -> tuple:
+        """The output of a padded step (:meth:`padded`) as a window of ``length`` tokens gives it:
+        the first ``length`` distributions, the verdict as it is."""
+        probs, accepted, tokens = out
+        return probs[:, :length], accepted, tokens
+
+
+def padded_drafts(drafts, draft_probs, u, k: int):
+    """``(drafts, draft_probs, u)`` of a step's rule (:class:`StepVerifier`'s; ``draft_probs`` and
+    ``u`` None when greedy) with drafts that no rule accepts after the real ones, up to ``k``:
+
+    - greedy: the draft -1, which no argmax equals;
+    - sampled: a draft law of zero mass, q = 0 (never accepted: a draft is accepted only where
+      ``q(x) > 0``), at uniform 0. A row that accepted every real draft stops at the first such
+      column and emits from ``norm(max(p - 0, 0)) = p`` there: the bonus token of the unpadded
+      window, whose last column that is, at the same uniform.
+
+    So the verdict is the unpadded window's."""
+    extra = k - drafts.shape[1]
+    if draft_probs is None:
+        return torch.nn.functional.pad(drafts, (0, extra), value=-1), None, u
+    return (torch.nn.functional.pad(drafts, (0, extra)), torch.nn.functional.pad(draft_probs, (0, 0, 0, extra)),
+            torch.nn.functional.pad(u, (0, extra)))
+
 
 def typical_verify(draft_tokens, draft_probs, target_probs, generator: Generator = None, *,
                    epsilon: float = 0.09, delta: float = 0.3) -> Verdict:

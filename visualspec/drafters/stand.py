@@ -101,7 +101,10 @@ class StandDrafter(Drafter):
 
     def observe(self, n, committed, target_probs, generator=None):
         # positions n..n+committed-1 follow committed tokens only; store their top_m, learned at
-        # the next propose (which sees the committed tokens)
+        # the next propose (which sees the committed tokens). At temperature 0 each distribution is
+        # a point mass on the token committed there, which that catch-up learns without it
+        if self.sampling.greedy:
+            return
         vals, ids = target_probs.topk(min(self.top_m, target_probs.shape[-1]), dim=-1)
         vals, ids = vals.tolist(), ids.tolist()
         B = target_probs.shape[0]

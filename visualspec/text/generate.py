@@ -43,7 +43,7 @@ from ..drafters import (ChimeraDrafter, DraftModelDrafter, FeatureDrafter, Jacob
                         NGramDrafter, StandDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids)
 from ..core.checks import check_positive_int
 from ..core.compiled import check_compile, compiled_step
-from ..core.engine import decode
+from ..core.engine import decode, precompile_decode
 from ..models.feature_drafter import FeatureDraftModel, check_target, load_draft_model, weights_hash
 from ..models.hf import HFCausalLM
 from ..models.judge import JudgeHead, check_judge
@@ -370,10 +370,10 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     if compile:  # every window bucket of the decode (a dynamic tree: its one shape), before it (announced)
         if dynamic:
             target.precompile_tree(prefix, max_new_tokens, 1 + depth * tree_width, features=True)
-        else:
-            target.precompile(prefix, max_new_tokens, windows, features=wants_features)
-        if window == "auto" and wants_features:  # plain AR's step, should it win
-            target.precompile(prefix, max_new_tokens, [1])
+        else:  # with the sampling and rule inside each step where they can be (and plain AR's, should it win)
+            precompile_decode(target, prefix, max_new_tokens, sampling, windows, drafts=drafts is not None, rule=rule,
+                              auto=window == "auto", features=wants_features, drafter=drafts,
+                              stop_token=tokenizer.eos_token_id)
         if isinstance(drafts, DraftModelDrafter):
             drafts.model.precompile(prefix, max_new_tokens, windows)
         if isinstance(feature, FeatureDrafter):
