@@ -124,7 +124,6 @@ class HFCausalLM:
         self._compiler = self._tree_compiler = None
         self._compiled = False
         self._prefill_rows = 0
-        self._last_window = 0  # tokens in the last forward_window (a one-token step has nothing to crop)
         if raw_head and model.base_model is model:
             raise ValueError(f"{type(model).__name__} has no separate base model to read raw logits from")
         if head_rows is not None:
@@ -295,7 +294,6 @@ class HFCausalLM:
         gets its own graphs, one per window bucket (:func:`pads`; a drafter's whole step: one per
         window length), compiled by :meth:`precompile` (``compile_new``: now) and never mid-decode."""
         B, L = tokens.shape
-        self._last_window = L
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         positions = start[:, None] + torch.arange(L, device=tokens.device)
         if self.static:
@@ -313,12 +311,13 @@ class HFCausalLM:
         return _then(post, post_args, out, features)
 
     def crop(self, lengths) -> None:
-        """Keep each row's generated positions < lengths[b]; drop trailing columns no row uses."""
+        """Keep each row's generated positions < lengths[b]. A dynamic cache gives back the trailing
+        columns no row uses; a static one keeps them, masked, until it fills and packs
+        (:meth:`_make_room`): finding which trailing ones to give back would read the device a step
+        (docs/experiments/2026-12-07-text-step-inside.md)."""
         lengths = torch.as_tensor(lengths, device=self.column_position.device).expand(self.column_valid.shape[0])
         self.column_valid &= self.column_position < lengths[:, None]
-        if self.static and self._last_window == 1:
-            # after one-token steps (AR keeps every column) the dropped columns stay, masked, until the
-            # cache fills and packs: finding which trailing ones to give back would read the device
+        if self.static:
             return
         used = self.column_valid.any(0).nonzero()
         keep = max(self.prefix_len, int(used.max()) + 1 if len(used) else 0)
@@ -387,8 +386,6 @@ class HFCausalLM:
                     value[:, :, :columns.shape[1]] = value.gather(2, index)
                 else:
                     setattr(layer, name, value.gather(2, index))
-        if self.static:
-            self._set_static_columns(columns.shape[1])
         self.column_position = self.column_position.gather(1, columns)
         self.column_valid = self.column_valid.gather(1, columns)
 
@@ -405,8 +402,6 @@ class HFCausalLM:
                     value[:, :, :n] = 0
                 else:
                     setattr(layer, name, torch.nn.functional.pad(value, (0, 0, n, 0)))
-        if self.static:
-            self._set_static_columns(columns + n)
         self.prefix_mask = torch.nn.functional.pad(self.prefix_mask, (n, 0))
         self.column_position = torch.nn.functional.pad(self.column_position, (n, 0), value=-1)
         self.column_valid = torch.nn.functional.pad(self.column_valid, (n, 0))
@@ -433,12 +428,13 @@ class HFCausalLM:
             allowed = torch.nn.functional.pad(allowed, (0, self._static_columns() - past - N))
         mask = additive_mask(allowed[:, None], self._dtype)
         positions = start[:, None] + depths[None].to(tokens.device)
+        column = torch.tensor(past, device=tokens.device) if self.static else None  # where the tree's columns go
         if self._compiled and self.static:
             key = _bucket(B, -N, mask.shape[-1], self._dtype, tokens.device, self.head_rows is not None, features)
             out = self._tree_compiler(key, self, dense(tokens), dense(self.first_position + positions), dense(mask),
-                                      features, compile_new=compile_new)
+                                      features, column, compile_new=compile_new)
         else:
-            out = _masked_forward(self, tokens, self.first_position + positions, mask, features)
+            out = _masked_forward(self, tokens, self.first_position + positions, mask, features, column)
         self._append(positions)
         self.tree_nodes = N
         return (out[0].float(), out[1]) if features else out.float()
@@ -572,8 +568,6 @@ class HFCausalLM:
             out = self._compiler(key, self, tokens, positions, valid, start, features, post, *post_args)
         else:  # rows that finished left the batch (or a window no graph was compiled for): the rest runs
             out = _window_forward(self, tokens, positions, valid, start, features, post, *post_args)  # eagerly
-        if run > L:
-            self.cache.crop(L - run)
         if post is not None:
             return post.cropped(out, L) if run > L else out
         logits, states = out if features else (out, None)
@@ -621,11 +615,6 @@ class HFCausalLM:
                     setattr(layer, name, fixed_address(grown))
             layer.max_cache_len = length
 
-    def _set_static_columns(self, n: int) -> None:
-        """The static cache's next write column, in every layer."""
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(n)
-
     def _map_cache(self, fn) -> None:
         """Replace every layer's keys and values by ``fn`` of them."""
         for layer in self.cache.layers:
@@ -640,6 +629,7 @@ def _window_forward(lm: HFCausalLM, tokens, positions, valid, start, features: b
     their place (a ``post`` with a ``window`` makes the window first: :meth:`HFCausalLM.forward_window`)."""
     if hasattr(post, "window"):
         tokens, post_args = post.window(tokens, *post_args)
+    write_from(lm.cache, start)
     mask = additive_mask(visible(valid, start, tokens.shape[1]), lm._dtype)
     out = lm._logits(features=features, input_ids=tokens, attention_mask=mask, position_ids=positions,
                      past_key_values=lm.cache, use_cache=True)
@@ -654,9 +644,21 @@ def _then(post, post_args, out, features: bool):
     return (logits, states) if features else logits
 
 
-def _masked_forward(lm: HFCausalLM, tokens, positions, mask, features: bool = False):
+def write_from(cache, column: torch.Tensor) -> None:
+    """A static cache's layers write the next keys and values from cache column ``column`` (a 0-d
+    tensor) on, whatever they wrote last: a forward says where its window goes (the first column
+    past those the adapter keeps), so dropping columns (padding, rejected drafts) needs no write to
+    the cache, one a layer."""
+    for layer in cache.layers:
+        layer.cumulative_length.copy_(column)
+
+
+def _masked_forward(lm: HFCausalLM, tokens, positions, mask, features: bool = False, start=None):
     """``lm``'s forward of ``tokens`` at position ids ``positions`` under the additive attention
-    ``mask`` (B, 1, L, M) (a tree's); with ``features``, the logits and the last hidden states."""
+    ``mask`` (B, 1, L, M) (a tree's), written from cache column ``start`` (a 0-d tensor) on a static
+    cache (:func:`write_from`); with ``features``, the logits and the last hidden states."""
+    if start is not None:
+        write_from(lm.cache, start)
     return lm._logits(features=features, input_ids=tokens, attention_mask=mask, position_ids=positions,
                       past_key_values=lm.cache, use_cache=True)
 

@@ -59,6 +59,12 @@ def commit_window(seq: torch.Tensor, fixed: torch.Tensor, n: torch.Tensor, forwa
     return seq, torch.where(write, forwards[:, None], fixed), counts
 
 
+def own_rows(values, rows: int) -> list:
+    """The first ``rows`` rows of each of ``values``, a step's outputs over the model's rows (more
+    rows under guidance, or where the model pads its rows); each as it is where it has no more."""
+    return [x if x.shape[0] == rows else x[:rows] for x in values]
+
+
 def stop_hits(seq: torch.Tensor, token: int, start: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """(b, N) bool: where rows just wrote ``token``, at positions ``start`` .. ``start + counts - 1``
     of ``seq`` (b, N)."""
@@ -483,7 +489,7 @@ class _Run:
         self.step_done()  # the commit inside the step marks the positions with this forward
         state = (*rule_args, rows.seq, rows.n, rows.fixed, rows.forwards)  # StepCommitter's order
         out, _ = self.forward_window(drafts, post=post, post_args=self._step_args(state) + self._constrained())
-        probs, accepted, emitted, seq, fixed, counts, *stops = (x[:b] for x in out)
+        probs, accepted, emitted, seq, fixed, counts, *stops = own_rows(out, b)
         start = rows.n
         return Verdict(accepted, emitted), probs, self._committed(start, rows.took(seq, fixed, counts, k + 1), stops)
 
@@ -499,7 +505,7 @@ class _Run:
         window = rows.seq.new_zeros(b * self.sampling.model_rows_per_sample, k + 1)  # made inside the step
         out = self.target.forward_window(window, rows.model(rows.n - 1), post=step,
                                          post_args=self._step_args(state) + self._constrained())
-        seq, fixed, counts, accepted, emitted, *carry = (x[:b] for x in out)
+        seq, fixed, counts, accepted, emitted, *carry = own_rows(out, b)
         self.drafter.stepped(tuple(carry))
         start = rows.n
         return Verdict(accepted, emitted), self._committed(start, rows.took(seq, fixed, counts, k + 1))

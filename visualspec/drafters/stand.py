@@ -112,9 +112,11 @@ class StandDrafter(Drafter):
             for j in range(count):
                 self.pending[b][start + j] = (ids[b][j], vals[b][j])
 
-    def _catch_up(self, tokens: torch.Tensor, n: torch.Tensor) -> None:
-        """Learn each row's generated positions [learned, n) from its committed tokens."""
-        for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, tokens.shape[0]).tolist())):
+    def _catch_up(self, tokens: torch.Tensor, n: torch.Tensor) -> list:
+        """Learn each row's generated positions [learned, n) from its committed tokens; returns the
+        rows' contexts (:meth:`_contexts`), from the same one read of the tokens."""
+        rows, lengths = tokens.tolist(), per_row(n, tokens.shape[0]).tolist()
+        for b, (row, length) in enumerate(zip(rows, lengths)):
             if length <= self.learned[b]:
                 continue
             prompt, table, pending = self.prompts[self.rows[b]], self.tables[b], self.pending[b]
@@ -125,13 +127,17 @@ class StandDrafter(Drafter):
                 self._learn(table, context, items)
             self.pending[b] = {pos: d for pos, d in pending.items() if pos >= length}
             self.learned[b] = length
+        return self._row_contexts(rows, lengths)
 
     def _contexts(self, tokens: torch.Tensor, n: torch.Tensor) -> list:
         """The last ``max_ngram`` tokens of prompt + committed tokens, per row."""
-        out = []
-        for b, (row, length) in enumerate(zip(tokens.tolist(), per_row(n, tokens.shape[0]).tolist())):
-            out.append((self.prompts[self.rows[b]] + row[:length])[-self.max_ngram:])
-        return out
+        return self._row_contexts(tokens.tolist(), per_row(n, tokens.shape[0]).tolist())
+
+    def _row_contexts(self, rows: list, lengths: list) -> list:
+        """:meth:`_contexts` of the rows' tokens and committed counts, as lists."""
+        m = self.max_ngram
+        return [row[length - m:length] if length >= m else (self.prompts[self.rows[b]] + row[:length])[-m:]
+                for b, (row, length) in enumerate(zip(rows, lengths))]
 
     # -- drafting -------------------------------------------------------------------------------
 
@@ -201,15 +207,14 @@ class StandDrafter(Drafter):
         return drafts
 
     def propose(self, tokens, n, k, generator=None):
-        self._catch_up(tokens, n)
+        contexts = self._catch_up(tokens, n)
         B = tokens.shape[0]
         if k == 0:
             return tokens.new_empty(B, 0), None
         if self.sampling.greedy:  # point masses: no law to build
-            drafts = self._greedy_chains(self._contexts(tokens, n), k, self.stop_below)
+            drafts = self._greedy_chains(contexts, k, self.stop_below)
             return torch.tensor(drafts, dtype=tokens.dtype, device=tokens.device).T.reshape(B, -1), None
-        drafts, q = self._chains(self.tables, self._contexts(tokens, n), (B,), k, tokens.device, generator,
-                                 self.stop_below)
+        drafts, q = self._chains(self.tables, contexts, (B,), k, tokens.device, generator, self.stop_below)
         return drafts.to(tokens.dtype), q
 
     def propose_tree(self, tokens: torch.Tensor, n: torch.Tensor, branches: int, depth: int, generator=None):
@@ -229,9 +234,8 @@ class StandDrafter(Drafter):
         if not 1 <= branches <= self.vocab_size or depth < 1:
             raise ValueError(f"need 1 <= branches <= {self.vocab_size} and depth >= 1, "
                              f"got branches={branches}, depth={depth}")
-        self._catch_up(tokens, n)
+        contexts = self._catch_up(tokens, n)
         B, device = tokens.shape[0], tokens.device
-        contexts = self._contexts(tokens, n)
         q0 = self._dense(self.tables, contexts, device)  # (B, V)
         if self.sampling.greedy:
             first = q0.topk(branches, dim=-1).indices
