@@ -4,6 +4,7 @@
     python benchmarks/text_window_pool.py variants --seed 17 --prompts 24 --first copying
     python benchmarks/text_window_pool.py estimate --seed 17 --prompts 12
     python benchmarks/text_window_pool.py above --seed 37 --prompts 24 --first first
+    python benchmarks/text_window_pool.py ties --seed 41 --prompts 24
 
 ``variants``: compiled AR and the compiled ``window="auto"`` rows of n-gram, STAND, the shipped
 draft model and feature drafter, each with the pool off and on, interleaved prompt by prompt on
@@ -16,6 +17,10 @@ Prints tokens per second, the speed over AR, tau, and the score (geometric mean 
 every pooled call's estimated from the table alone (the old way) or scaled as the pool moved the
 largest pooled window (the new), each with a pool of its own; the score is the geometric mean of
 new / old (docs/experiments/2026-12-07-pool-above-the-calls.md).
+
+``ties``: the same rows with the fixed window chosen as now or, among the windows whose tokens a
+step equal the chosen one's exactly (which the table could not tell apart), the largest; the score
+is the geometric mean of largest / now (docs/experiments/2026-12-07-equal-yield-windows.md).
 
 ``estimate``: each drafter decodes at fixed windows 2, 4, 8 and 32; the window-32 decodes' row-steps
 estimate the smaller windows' tokens a step by ``min(c, w)`` and by ``c`` over ``ceil(c / w)`` steps
@@ -30,7 +35,7 @@ import time
 import torch
 
 import visualspec.text.generate as gen
-from visualspec.core import window_costs
+from visualspec.core import window, window_costs
 from visualspec.core.window import pooled_tokens, split_steps
 from visualspec.text import generate_text
 from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
@@ -119,6 +124,50 @@ def above(args, tokenizer, target, drafters, call):
     return result
 
 
+FASTEST = window.best_fixed_window  # the choice as it stands (ties studies patch the module's name)
+
+
+def largest_of_equal_yield(costs, tokens):
+    """The variant of docs/experiments/2026-12-07-equal-yield-windows.md: the fastest window, then
+    the largest whose tokens a step equal that window's exactly."""
+    best = FASTEST(costs, tokens)
+    return max(w for w in costs if w == best or (w > best and w in tokens and tokens[w] == tokens.get(best)))
+
+
+def ties(args, tokenizer, target, drafters, call):
+    """The ``window="auto"`` rows of n-gram and STAND, eager and compiled, with the fixed window chosen
+    as now (``now``) or the largest of the windows of the chosen one's yield (``largest``), each
+    variant with a pool of its own; the score is the geometric mean of largest / now."""
+    texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+    first = first_prompt(args, tokenizer, texts, call)
+    variant = {"now": "now"}
+    choose = {"now": FASTEST, "largest": largest_of_equal_yield}
+    make_pool = window_costs.CallPool
+    window.best_fixed_window = window_costs.best_fixed_window = lambda *a: choose[variant["now"]](*a)
+    window_costs.CallPool = lambda key, windows: make_pool(f"{key}|{variant['now']}", windows)
+    rows = [(name, compiled, v) for name in ("ngram", "stand") for compiled in (False, True) for v in ("now", "largest")]
+    seconds, tokens, steps = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0), dict.fromkeys(rows, 0)
+    for i, prompt in enumerate([first, *texts]):
+        for row in (rows if i % 2 else rows[::-1]):
+            name, compiled, variant["now"] = row
+            t0 = time.perf_counter()
+            out = call(prompt, drafter=drafters[name], compile=compiled)
+            if i:  # the first round is the warm-up that times the tables
+                seconds[row] += time.perf_counter() - t0
+                tokens[row] += len(out.token_ids[0])
+                steps[row] += len(out.stats.accepted_lengths)
+    speed = {row: tokens[row] / seconds[row] for row in rows}
+    result = {f"{name}|{'compiled' if compiled else 'eager'}": {
+        **{v: round(speed[name, compiled, v], 1) for v in ("now", "largest")},
+        **{f"tau {v}": round(tokens[name, compiled, v] / steps[name, compiled, v], 2) for v in ("now", "largest")}}
+        for name, compiled, _ in rows}
+    ratios = [speed[name, compiled, "largest"] / speed[name, compiled, "now"] for name, compiled, v in rows
+              if v == "largest"]
+    result["score"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4)
+    result["lowest"] = round(min(ratios), 4)
+    return result
+
+
 def first_prompt(args, tokenizer, texts, call):
     """The prompt whose call times the tables: the first (``--first first``), or among the 40 after
     ``texts`` the one whose greedy continuation a 2-gram lookup predicts best (``copying``)."""
@@ -146,7 +195,7 @@ def estimate(args, tokenizer, target, drafters, call):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", choices=("variants", "estimate", "above"))
+    parser.add_argument("study", choices=("variants", "estimate", "above", "ties"))
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--first", choices=("first", "copying"), default="first")
@@ -161,7 +210,7 @@ def main():
         return generate_text(target, tokenizer, prompt, drafter=drafter, max_new_tokens=NEW_TOKENS, temperature=0,
                              generator=torch.Generator().manual_seed(0), compile=compile, **kw)
 
-    study = {"variants": variants, "estimate": estimate, "above": above}[args.study]
+    study = {"variants": variants, "estimate": estimate, "above": above, "ties": ties}[args.study]
     print(json.dumps(study(args, tokenizer, target, drafters, call), indent=1))
 
 
