@@ -366,3 +366,19 @@ def test_a_compiled_steps_costs_are_kept_apart_per_wrapper(monkeypatch):
     assert cost_signature(model, 2, 4, compiled=True) != cpp  # timed under another wrapper: not reused
     assert cost_signature(model, 2, 4, compiled=False) == eager
     assert cpp.endswith("|compiled") and f"mode={CPP_WRAPPER}" in cpp
+
+
+def test_dense_gives_row_major_strides_even_where_every_dimension_but_one_is_size_1():
+    """A compiled step's guards compare strides: one row's column of a (1, N) buffer (stride N along
+    its one dimension, yet contiguous) must reach the graph as a fresh (1,) tensor does."""
+    from visualspec.core.compiled import dense, dense_args, row_major
+
+    buffer = torch.arange(128).view(1, 128)
+    cases = [buffer[:, 0], buffer[:, 5:6], torch.arange(12).view(3, 4).T, torch.arange(15).view(3, 1, 5)[:, :, 1:2]]
+    for x in cases:
+        out = dense(x)
+        assert out.stride() == row_major(out.shape) and torch.equal(out, x) and out is not x
+    plain = torch.arange(6).view(2, 3)
+    assert dense(plain).data_ptr() == plain.data_ptr()  # row-major already: a view, no copy
+    first, again = dense_args([plain, plain])
+    assert first is plain and again is not plain and torch.equal(again, plain)

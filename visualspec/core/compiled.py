@@ -140,7 +140,8 @@ def dense(x: torch.Tensor) -> torch.Tensor:
     that too)."""
     if x.stride() == row_major(x.shape):
         return x.view(x.shape)
-    return x.contiguous().view(-1).view(x.shape)
+    # contiguous() keeps a contiguous tensor's strides along size-1 dimensions (and view() too)
+    return x.contiguous().as_strided(x.shape, row_major(x.shape))
 
 
 def dense_args(args) -> list:
