@@ -546,7 +546,8 @@ class HFCausalLM:
                        post_args=(), compile_new: bool = False):
         """A window forward on the static cache: (B, L) tokens at position ids ``positions``,
         compiled in its :func:`window_bucket` when the step is compiled (the padding tokens sit
-        after the window, where nothing real attends them; their columns are given back), and
+        after the window, where nothing real attends them; the next window writes over their
+        columns, :func:`write_from`), and
         ``post`` on its logits (:meth:`forward_window`: its arguments padded to the bucket and its
         output cropped back, :func:`pads`; a drafter's whole step runs at the window's own length),
         in a graph compiled before the decode, else eagerly."""

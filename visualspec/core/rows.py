@@ -244,12 +244,15 @@ class StepCommitter(StepVerifier):
         return probs, accepted, emitted, seq, fixed, counts, stopped, filled
 
     def cropped(self, out: tuple, length: int) -> tuple:
+        """The output of a padded step as a window of ``length`` tokens gives it: the first
+        ``length`` distributions, the rest as it is."""
         return (out[0][:, :length], *out[1:])
 
     def example_args(self, model_rows: int, window: int, vocab_size: int, device=None) -> tuple:
         partner, drafts, draft_probs, u, u_emit, *constrained = super().example_args(model_rows, window, vocab_size,
                                                                                      device)
         tables = constrained[1:]  # the verifier's positions n come first under constraints
+
         def zeros(*shape):
             return torch.zeros(model_rows, *shape, dtype=torch.long, device=device)
         return (partner, drafts, draft_probs, u, u_emit, zeros(self.num_tokens), zeros(), zeros(self.num_tokens),
