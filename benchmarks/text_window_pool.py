@@ -94,19 +94,18 @@ def table_only_above(tokens, pool, new_tokens):
     return {w: tokens[w] if w > top else t for w, t in pooled.items()}
 
 
-def above(args, tokenizer, target, drafters, call):
-    """The ``window="auto"`` rows of n-gram and STAND, eager and compiled, with the windows above
-    every pooled call's estimated the old way (the table's) or the new (scaled), each variant with
-    a pool of its own (docs/experiments/2026-12-07-pool-above-the-calls.md)."""
+def two_variants(args, tokenizer, drafters, call, variants: tuple[str, str], variant: dict):
+    """The ``window="auto"`` rows of n-gram and STAND, eager and compiled, under each of
+    ``variants`` (the study sets ``variant["now"]`` to the one a call runs), each variant with a pool
+    of its own, alternated prompt by prompt (order reversed every other prompt) after the first
+    prompt's calls, which time the tables. Speed and tau per row and variant; the score is the
+    geometric mean of the second variant's speed over the first's, and the lowest ratio."""
     texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
     first = first_prompt(args, tokenizer, texts, call)
-    variant = {"now": "new"}
-    estimates = {"old": table_only_above, "new": pooled_tokens}
     make_pool = window_costs.CallPool
-    window_costs.pooled_tokens = lambda *a: estimates[variant["now"]](*a)
     window_costs.CallPool = lambda key, windows: make_pool(f"{key}|{variant['now']}", windows)
-    rows = [(name, compiled, v) for name in ("ngram", "stand") for compiled in (False, True) for v in ("old", "new")]
-    seconds, tokens = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0)
+    rows = [(name, compiled, v) for name in ("ngram", "stand") for compiled in (False, True) for v in variants]
+    seconds, tokens, steps = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0), dict.fromkeys(rows, 0)
     for i, prompt in enumerate([first, *texts]):
         for row in (rows if i % 2 else rows[::-1]):
             name, compiled, variant["now"] = row
@@ -115,13 +114,26 @@ def above(args, tokenizer, target, drafters, call):
             if i:  # the first round is the warm-up that times the tables
                 seconds[row] += time.perf_counter() - t0
                 tokens[row] += len(out.token_ids[0])
+                steps[row] += len(out.stats.accepted_lengths)
     speed = {row: tokens[row] / seconds[row] for row in rows}
-    result = {f"{name}|{'compiled' if compiled else 'eager'}": {v: round(speed[name, compiled, v], 1)
-                                                                 for v in ("old", "new")} for name, compiled, _ in rows}
-    ratios = [speed[name, compiled, "new"] / speed[name, compiled, "old"] for name, compiled, v in rows if v == "new"]
+    result = {f"{name}|{'compiled' if compiled else 'eager'}": {
+        **{v: round(speed[name, compiled, v], 1) for v in variants},
+        **{f"tau {v}": round(tokens[name, compiled, v] / steps[name, compiled, v], 2) for v in variants}}
+        for name, compiled, _ in rows}
+    old, new = variants
+    ratios = [speed[name, compiled, new] / speed[name, compiled, old] for name, compiled, v in rows if v == new]
     result["score"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4)
     result["lowest"] = round(min(ratios), 4)
     return result
+
+
+def above(args, tokenizer, target, drafters, call):
+    """The windows above every pooled call's estimated the old way (the table's) or the new (scaled)
+    (:func:`two_variants`; docs/experiments/2026-12-07-pool-above-the-calls.md)."""
+    variant = {"now": "new"}
+    estimates = {"old": table_only_above, "new": pooled_tokens}
+    window_costs.pooled_tokens = lambda *a: estimates[variant["now"]](*a)
+    return two_variants(args, tokenizer, drafters, call, ("old", "new"), variant)
 
 
 FASTEST = window.best_fixed_window  # the choice as it stands (ties studies patch the module's name)
@@ -135,37 +147,12 @@ def largest_of_equal_yield(costs, tokens):
 
 
 def ties(args, tokenizer, target, drafters, call):
-    """The ``window="auto"`` rows of n-gram and STAND, eager and compiled, with the fixed window chosen
-    as now (``now``) or the largest of the windows of the chosen one's yield (``largest``), each
-    variant with a pool of its own; the score is the geometric mean of largest / now."""
-    texts = held_out_prompts(pair_folder(), tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
-    first = first_prompt(args, tokenizer, texts, call)
+    """The fixed window chosen as now (``now``) or the largest of the windows of the chosen one's
+    yield (``largest``) (:func:`two_variants`; docs/experiments/2026-12-07-equal-yield-windows.md)."""
     variant = {"now": "now"}
     choose = {"now": FASTEST, "largest": largest_of_equal_yield}
-    make_pool = window_costs.CallPool
     window.best_fixed_window = window_costs.best_fixed_window = lambda *a: choose[variant["now"]](*a)
-    window_costs.CallPool = lambda key, windows: make_pool(f"{key}|{variant['now']}", windows)
-    rows = [(name, compiled, v) for name in ("ngram", "stand") for compiled in (False, True) for v in ("now", "largest")]
-    seconds, tokens, steps = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0), dict.fromkeys(rows, 0)
-    for i, prompt in enumerate([first, *texts]):
-        for row in (rows if i % 2 else rows[::-1]):
-            name, compiled, variant["now"] = row
-            t0 = time.perf_counter()
-            out = call(prompt, drafter=drafters[name], compile=compiled)
-            if i:  # the first round is the warm-up that times the tables
-                seconds[row] += time.perf_counter() - t0
-                tokens[row] += len(out.token_ids[0])
-                steps[row] += len(out.stats.accepted_lengths)
-    speed = {row: tokens[row] / seconds[row] for row in rows}
-    result = {f"{name}|{'compiled' if compiled else 'eager'}": {
-        **{v: round(speed[name, compiled, v], 1) for v in ("now", "largest")},
-        **{f"tau {v}": round(tokens[name, compiled, v] / steps[name, compiled, v], 2) for v in ("now", "largest")}}
-        for name, compiled, _ in rows}
-    ratios = [speed[name, compiled, "largest"] / speed[name, compiled, "now"] for name, compiled, v in rows
-              if v == "largest"]
-    result["score"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4)
-    result["lowest"] = round(min(ratios), 4)
-    return result
+    return two_variants(args, tokenizer, drafters, call, ("now", "largest"), variant)
 
 
 def first_prompt(args, tokenizer, texts, call):
