@@ -430,3 +430,20 @@ def test_pooled_tokens_weigh_the_table_as_one_call():
     assert CallPool("other", [1, 2]).pool == {}  # kept per table
     CallPool.clear()
     assert pool.pool == {}
+
+
+def test_the_cost_cache_is_parsed_again_only_when_it_changed(tmp_path, monkeypatch):
+    """Calls read the cost file a few times each: an unchanged file is not parsed again, a rewritten
+    one is (the control), and each read is the caller's own copy."""
+    parsed = []
+    parse = win._parse_tables
+    monkeypatch.setattr(win, "_parse_tables", lambda path: parsed.append(path) or parse(path))
+    path = tmp_path / "win.json"
+    win._write_tables(path, {"a": {1: 0.5}})
+    first = win._read_tables(path)
+    first["a"][1] = 9.0  # a caller's own copy
+    first["b"] = {1: 1.0}
+    assert win._read_tables(path) == {"a": {1: 0.5}} and len(parsed) == 1
+    win._write_tables(path, {"a": {1: 0.5}, "c": {2: 0.25}})
+    assert win._read_tables(path) == {"a": {1: 0.5}, "c": {2: 0.25}} and len(parsed) == 2
+    assert win._read_tables(tmp_path / "missing.json") == {}

@@ -233,8 +233,34 @@ def cache_path(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(cache_dir or home()) / CACHE_FILE
 
 
+_READ: dict[Path, tuple[tuple, dict]] = {}  # path -> (the file's stamp, its tables) as last parsed
+
+
 def _read_tables(path: Path) -> dict[str, dict[int, float]]:
-    """The cost tables stored at ``path``; a missing or corrupt file or entry reads as nothing."""
+    """The cost tables stored at ``path`` (each caller gets its own copy); a missing or corrupt file
+    or entry reads as nothing. The file is parsed again only when it changed (:func:`file_stamp`):
+    a call reads it a few times, and a file that many code versions wrote into takes a millisecond
+    to parse."""
+    stamp = file_stamp(path)
+    if stamp is None:
+        return {}
+    if path not in _READ or _READ[path][0] != stamp:
+        _READ[path] = (stamp, _parse_tables(path))
+    return {key: dict(table) for key, table in _READ[path][1].items()}
+
+
+def file_stamp(path: Path) -> tuple | None:
+    """What tells a file's versions apart: its inode (an atomic rewrite makes a new one), size and
+    modification time in nanoseconds; None where it cannot be read."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _parse_tables(path: Path) -> dict[str, dict[int, float]]:
+    """:func:`_read_tables` from the file itself."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
