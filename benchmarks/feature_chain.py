@@ -11,33 +11,28 @@ seconds, compiles included, are printed). Tokens per second, tau, and outputs eq
 ``--fr-spec``: both draft from the quarter of the vocabulary ``bench-text``'s FR-Spec rows keep.
 """
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
-import torch
 
 from visualspec.drafters import FeatureDrafter
 from visualspec.text import generate_text
-from visualspec.tools.bench_text import (PROMPT_TOKENS, calibration_vocab, held_out_prompts, load_feature_drafter, load_pair,
-                                         pair_folder)
+from visualspec.tools.bench_text import calibration_vocab, load_feature_drafter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import text_study_pair, text_study_parser  # noqa: E402
 
 NEW_TOKENS = 128
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = text_study_parser(__doc__, seed=17, prompts=8)
     parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=17)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--fr-spec", action="store_true", help="draft from the kept quarter of the vocabulary")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    folder = pair_folder()
-    tokenizer, target, _ = load_pair(folder)
+    folder, tokenizer, target, texts = text_study_pair(args)
     feature = load_feature_drafter(folder)
-    texts = held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
     chain_modules = FeatureDrafter.chain_modules
     kept = calibration_vocab(folder, tokenizer, len(tokenizer) // 4) if args.fr_spec else None
 

@@ -9,39 +9,30 @@ a warm-up call each. Prints tokens per second, tau and outputs equal to compiled
 (docs/experiments/2026-12-07-lookup-feature-drafter.md).
 """
 
-import argparse
 import itertools
 import sys
 from pathlib import Path
 
-import torch
 
 import visualspec.text.generate as generate
 from visualspec.text import generate_text
-from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_feature_drafter, load_pair, pair_folder
+from visualspec.tools.bench_text import load_feature_drafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import alternated_rounds  # noqa: E402
+from timing import alternated_rounds, text_study_pair, text_study_parser  # noqa: E402
 
 NEW_TOKENS = 128
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=21)
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = text_study_parser(__doc__, seed=21, prompts=16)
     parser.add_argument("--lookups", type=int, nargs="+", default=[1, 2, 3, 4, 6])
     parser.add_argument("--windows", type=int, nargs="+", default=[4, 6, 8, 12])
     parser.add_argument("--caps", type=int, nargs="+", default=[3, 0],
                         help="the feature drafter's drafts a step (0: the window's)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    folder = pair_folder()
-    tokenizer, target, _ = load_pair(folder)
+    folder, tokenizer, target, texts = text_study_pair(args)
     feature = load_feature_drafter(folder)
-    texts = held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
 
     configs = {}
     for lookup, window, cap in itertools.product(args.lookups, args.windows, args.caps):

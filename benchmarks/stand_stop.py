@@ -10,36 +10,26 @@ tau and outputs equal to ``generate``'s, and each threshold's speed over none: p
 and their geometric mean (docs/experiments/2026-12-07-stand-stop-below.md).
 """
 
-import argparse
 import itertools
 import math
 import sys
 from pathlib import Path
 
-import torch
 
 from visualspec.text import generate_text
-from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_pair, pair_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import alternated_rounds  # noqa: E402
+from timing import alternated_rounds, text_study_pair, text_study_parser  # noqa: E402
 
 NEW_TOKENS = 128
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=29)
-    parser.add_argument("--prompts", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = text_study_parser(__doc__, seed=29, prompts=12)
     parser.add_argument("--stops", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.5])
     parser.add_argument("--windows", type=int, nargs="+", default=[6, 11])
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    folder = pair_folder()
-    tokenizer, target, _ = load_pair(folder)
-    texts = held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+    _, tokenizer, target, texts = text_study_pair(args)
     settings = [(compiled, window) for compiled in (False, True) for window in args.windows]
     stops = [0.0, *args.stops]
     configs = list(itertools.product(settings, stops))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -51,3 +52,29 @@ def alternated_rounds(configs, call, prompts, references, rounds: int) -> dict:
                 row["forwards"] += out.stats.target_forwards
                 row["equal"] += ids == reference
     return rows
+
+
+def text_study_parser(doc: str, seed: int, prompts: int) -> argparse.ArgumentParser:
+    """A text study's command line (its description: ``doc``'s first line): ``--seed`` of its
+    held-out prompts (``seed``: one no reported table uses), ``--prompts``, ``--rounds`` (2) and
+    ``--threads`` (2); a study adds its own."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("--prompts", type=int, default=prompts)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+def text_study_pair(args):
+    """For a study's parsed ``args`` (:func:`text_study_parser`): torch's threads set, and the
+    shipped text pair's folder, tokenizer and target with ``--prompts`` held-out prompts of
+    ``--seed``."""
+    import torch
+
+    from visualspec.tools.bench_text import PROMPT_TOKENS, held_out_prompts, load_pair, pair_folder
+
+    torch.set_num_threads(args.threads)
+    folder = pair_folder()
+    tokenizer, target, _ = load_pair(folder)
+    return folder, tokenizer, target, held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
