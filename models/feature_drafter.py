@@ -10,6 +10,13 @@ distribution of token c + 1. Drafting several tokens feeds g_c back in as the ne
 feature (feature-level autoregression). The target's embedding and head are not part of this
 model: they are read from the target (:class:`visualspec.drafters.FeatureDrafter`).
 
+With ``feature_layers`` (EAGLE-3's multi-layer fusion, Li et al. 2025) the target's feature is
+not its last hidden state alone but several of its hidden states side by side, low, middle and top
+(the indices of transformers' ``hidden_states``: 0 the embeddings, i the input of layer i, the last
+the normed output the head reads), and one more linear layer (``reduce``) fuses them to width D
+before they enter the pairs (:meth:`FeatureDraftModel.intake`). The drafter's own predicted features,
+fed back when it drafts several tokens, are already of width D.
+
 ``forward`` is the training pass over whole sequences (causal); ``reset`` / ``step`` decode with a
 key-value cache of fixed size, rows at their own columns (ragged), with columns that a row may not
 attend (a left-padded prompt) masked out.
@@ -39,15 +46,22 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
 
     ``feature_size`` is the target's hidden width D (its embedding width too); ``target_hash``
     names the target the drafter was trained against (its weights' hash), so that a drafter is not
-    used with another target by mistake.
+    used with another target by mistake; ``feature_layers``: the target's hidden states it reads,
+    fused (see the module), or None for the head's input alone.
     """
 
     @register_to_config
     def __init__(self, feature_size: int = 256, n_head: int = 4, ffn_hidden: int = 768, max_len: int = 4096,
-                 rope_base: float = 10000.0, norm_eps: float = 1e-6, target_hash: str = ""):
+                 rope_base: float = 10000.0, norm_eps: float = 1e-6, target_hash: str = "",
+                 feature_layers: list[int] | None = None):
         super().__init__()
         if feature_size % n_head:
             raise ValueError(f"feature_size {feature_size} must be a multiple of n_head {n_head}")
+        if feature_layers is not None and (not feature_layers or min(feature_layers) < 0
+                                           or len(set(feature_layers)) != len(feature_layers)):
+            raise ValueError(f"feature_layers must be distinct hidden-state indices >= 0, got {feature_layers}")
+        self.reduce = (nn.Linear(len(feature_layers) * feature_size, feature_size, bias=False)
+                       if feature_layers else None)
         self.fc = nn.Linear(2 * feature_size, feature_size)
         self.layer = TransformerBlock(feature_size, n_head, n_head, ffn_hidden, norm_eps)
         self.register_buffer("rope", rope_1d(max_len, feature_size // n_head, rope_base), persistent=False)
@@ -60,6 +74,24 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         feature at column c is the target's f_{c-1}) -> predicted features (B, L, D), causally."""
         x = self.fuse(embeddings, features)
         return self.layer(x, rotary(self.rope[:x.shape[1]], x.dtype), None)
+
+    @property
+    def feature_request(self):
+        """What the drafter asks of its target's forward (a drafter's ``wants_features``): True for
+        the head's input, else the tuple of hidden-state indices it fuses."""
+        layers = self.config.feature_layers
+        return tuple(layers) if layers else True
+
+    @property
+    def target_width(self) -> int:
+        """The width of the target's features as this drafter asks for them: D times the number of
+        fused hidden states (D without ``feature_layers``)."""
+        return self.config.feature_size * len(self.config.feature_layers or [None])
+
+    def intake(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features (..., :attr:`target_width`) as the pairs read them (..., D):
+        ``reduce(features)`` with ``feature_layers`` (EAGLE-3's fusion), else as they are."""
+        return features if self.reduce is None else self.reduce(features)
 
     def fuse(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """The layer's input at each column from its pair: ``fc([embedding; feature])``."""
@@ -306,10 +338,28 @@ def check_trained_for(what: str, model: torch.nn.Module, target_model: torch.nn.
     if model.config.feature_size != feature_size:
         raise ValueError(f"the {what} reads features of width {model.config.feature_size}, but the "
                          f"target's are {feature_size} wide: it was trained for another target")
+    layers = getattr(model.config, "feature_layers", None)
+    if layers:
+        count = hidden_states_count(target_model)
+        if count is None:
+            raise ValueError(f"the {what} fuses the target's hidden states {list(layers)} (EAGLE-3), but "
+                             f"{type(target_model).__name__} returns only the features its head reads")
+        if max(layers) >= count:
+            raise ValueError(f"the {what} reads hidden state {max(layers)}, but the target has {count} "
+                             f"(0 to {count - 1}): it was trained for another target")
     recorded = model.config.target_hash
     if recorded and recorded != weights_hash(target_model):
         raise ValueError(f"the {what} was trained against a target whose weights hash to {recorded}; "
                          f"this target's hash to {weights_hash(target_model)}. Train one for it ({command})")
+
+
+def hidden_states_count(model: torch.nn.Module) -> int | None:
+    """How many hidden states a transformers model (``output_hidden_states``) or a LlamaGen GPT
+    (``features=`` a tuple) gives: the embeddings' output and one after each layer, the last
+    normed; None for other models."""
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    return None if layers is None else layers + 1
 
 
 def check_target(drafter: FeatureDraftModel, target_model: torch.nn.Module, feature_size: int) -> None:

@@ -138,17 +138,21 @@ class HFCausalLM:
             self.head_weight, self.head_bias = linear_rows(head, self.head_rows)  # (K, hidden), (K,)
             self.softcap = getattr(model.config, "final_logit_softcapping", None)
 
-    def _logits(self, last_only: bool = False, features: bool = False, **inputs):
+    def _logits(self, last_only: bool = False, features: bool | tuple = False, **inputs):
         """Logits of the model (all V columns, or the K ``head_rows``) for ``inputs``; with
         ``features``, ``(logits, features)``: the base model's last hidden states (B, L, D), which
         the LM head reads (so this assumes the model's logits are its head applied to them, as
-        ``head_rows`` does). The KV cache goes in under the keyword this transformers version names
-        it (``cache``, formerly ``past_key_values``)."""
+        ``head_rows`` does), or, where ``features`` is a tuple of indices of transformers'
+        ``hidden_states`` (a fusing drafter's request, EAGLE-3), those states side by side (B, L,
+        nD). The KV cache goes in under the keyword this transformers version names it (``cache``,
+        formerly ``past_key_values``)."""
         inputs[self._cache_keyword] = inputs.pop("past_key_values")
         if self.head_rows is None and not self.raw_head and not features:
             return self.model(**inputs).logits
-        hidden = self.model.base_model(**inputs).last_hidden_state
-        states = hidden
+        layers = features if isinstance(features, tuple) else None
+        out = self.model.base_model(**inputs, **({"output_hidden_states": True} if layers else {}))
+        hidden = out.last_hidden_state
+        states = hidden if layers is None else torch.cat([out.hidden_states[i] for i in layers], -1)
         if last_only:
             hidden = hidden[:, -1:]
         if self.head_rows is None:  # the LM head alone (raw_head: without the class's own logit masking)
@@ -204,7 +208,7 @@ class HFCausalLM:
         """The width D of the features :meth:`forward_window` returns with ``features=True``."""
         return self.model.get_output_embeddings().weight.shape[1]
 
-    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None, features: bool = False):
+    def prefill(self, prefix, max_new_tokens: int, static: bool | None = None, features: bool | tuple = False):
         """Reset the cache and run ``prefix``; logits (B, V) for generated position 0, and with
         ``features`` also the prefix's features (B, T, D), column for column (padding included).
         As a new decode begins, each compiled bucket's guards are checked once more, then skipped
@@ -280,11 +284,12 @@ class HFCausalLM:
     def takes_post(self, value: bool) -> None:
         (_POSTS_REFUSED.discard if value else _POSTS_REFUSED.add)(self.model)
 
-    def forward_window(self, tokens: torch.Tensor, start, features: bool = False, post=None, post_args=(),
+    def forward_window(self, tokens: torch.Tensor, start, features: bool | tuple = False, post=None, post_args=(),
                        compile_new: bool = False):
         """Tokens (B, L), row b at generated positions start[b].. (an int or (B,) tensor). The
         window attends to each row's valid columns and causally to itself. Returns logits (B, L, V),
-        and with ``features`` ``(logits, features (B, L, D))``: the last hidden states the head read.
+        and with ``features`` ``(logits, features (B, L, D))``: the last hidden states the head read
+        (a tuple of hidden-state indices: those states side by side, (B, L, nD); see :meth:`_logits`).
 
         ``post(logits, *post_args)``, if given (where :attr:`takes_post`), runs on the logits inside
         the step, in its compiled graph where the step is compiled, and its result is returned in
@@ -337,7 +342,7 @@ class HFCausalLM:
             setattr(self, name, getattr(self, name)[rows])
         self._pack_columns()
 
-    def refill(self, rows: torch.Tensor, prefix, features: bool = False):
+    def refill(self, rows: torch.Tensor, prefix, features: bool | tuple = False):
         """Start new sequences in rows ``rows`` (continuous batching): run ``prefix`` (r rows) alone,
         then write its cache into those rows, right-aligned to the prefix columns (every row's cache
         is left-padded with columns nobody attends to when the new prefix is longer); the columns
@@ -410,7 +415,7 @@ class HFCausalLM:
     # ------------------------------------------------------------------ trees and branches
 
     def forward_tree(self, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor,
-                     start, features: bool = False, compile_new: bool = False):
+                     start, features: bool | tuple = False, compile_new: bool = False):
         """Tree attention (see :class:`visualspec.core.engine.TreeTokenModel`): one forward over the
         flattened tree with a 4-D mask, node i of row b at position ``start[b] + depths[i]``;
         ``ancestors`` (N, N), or (B, N, N) for trees shaped per row. ``features``: also the last
@@ -501,7 +506,7 @@ class HFCausalLM:
         return self._compiled
 
     @torch.no_grad()
-    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False, post=None) -> None:
+    def precompile(self, prefix, max_new_tokens: int, windows, features: bool | tuple = False, post=None) -> None:
         """Compile the bucket of every window length in ``windows`` that a decode of ``prefix`` runs
         (its rows, its cache length; ``features``: the steps that also return features, for a
         feature drafter; ``post``: the steps that run it, one graph per window length, with arguments
@@ -525,7 +530,7 @@ class HFCausalLM:
             self.crop(0)
 
     @torch.no_grad()
-    def precompile_tree(self, prefix, max_new_tokens: int, nodes: int, features: bool = False) -> None:
+    def precompile_tree(self, prefix, max_new_tokens: int, nodes: int, features: bool | tuple = False) -> None:
         """Compile the tree forward of ``nodes`` nodes (:meth:`forward_tree`: a dynamic tree's fixed
         size) that a decode of ``prefix`` runs, as :meth:`precompile` does the windows; leaves junk
         in the cache when it compiles."""
@@ -542,7 +547,7 @@ class HFCausalLM:
         self.forward_tree(torch.zeros(rows, nodes, dtype=torch.long, device=device), torch.arange(nodes, device=device),
                           chain, 0, features=features, compile_new=True)
 
-    def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor, features: bool = False, post=None,
+    def _static_window(self, tokens: torch.Tensor, positions: torch.Tensor, features: bool | tuple = False, post=None,
                        post_args=(), compile_new: bool = False):
         """A window forward on the static cache: (B, L) tokens at position ids ``positions``,
         compiled in its :func:`window_bucket` when the step is compiled (the padding tokens sit
@@ -623,7 +628,7 @@ class HFCausalLM:
 
 
 
-def _window_forward(lm: HFCausalLM, tokens, positions, valid, start, features: bool = False, post=None, *post_args):
+def _window_forward(lm: HFCausalLM, tokens, positions, valid, start, features: bool | tuple = False, post=None, *post_args):
     """``lm``'s forward of a window fed at cache columns ``start ..`` (a 0-d tensor), position ids
     ``positions`` (B, L), attending the columns ``valid`` (B, M) causally (:func:`visible`); with
     ``features``, the logits and the last hidden states. With ``post``, its result on the logits in
@@ -654,7 +659,7 @@ def write_from(cache, column: torch.Tensor) -> None:
         layer.cumulative_length.copy_(column)
 
 
-def _masked_forward(lm: HFCausalLM, tokens, positions, mask, features: bool = False, start=None):
+def _masked_forward(lm: HFCausalLM, tokens, positions, mask, features: bool | tuple = False, start=None):
     """``lm``'s forward of ``tokens`` at position ids ``positions`` under the additive attention
     ``mask`` (B, 1, L, M) (a tree's), written from cache column ``start`` (a 0-d tensor) on a static
     cache (:func:`write_from`); with ``features``, the logits and the last hidden states."""

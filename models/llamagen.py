@@ -353,12 +353,13 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ training forward
 
-    def forward(self, cond, tokens, cond_mask=None, drop_condition=None, features: bool = False):
+    def forward(self, cond, tokens, cond_mask=None, drop_condition=None, features: bool | tuple = False):
         """Teacher-forced logits (B, N, V) for image tokens (B, N): row i predicts token i.
 
         ``cond_mask`` (B, cls_token_num) marks valid caption positions (t2i); ``drop_condition``
         (B,) bool replaces the condition by the null one (classifier-free guidance training).
-        ``features``: the hidden states (B, N, D) the head reads instead (row i's predicts token i).
+        ``features``: the hidden states (B, N, D) the head reads instead (row i's predicts token i),
+        or those a tuple of indices names, side by side (:meth:`_states`).
         """
         prefix = self.embed_condition(cond, drop_condition)
         x = torch.cat([prefix, self.tok_embeddings(tokens[:, :-1])], dim=1)
@@ -368,10 +369,14 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             key_valid = torch.cat([cond_mask.bool(), cond_mask.new_ones(x.shape[0], T - cond_mask.shape[1]).bool()], 1)
             mask = self._attention_mask(torch.arange(T, device=x.device), key_valid)
         rope = rotary(self.rope[:T].to(x.device), x.dtype)
+        hidden = []
         for layer in self.layers:
+            hidden.append(x)
             x = layer(x, rope, mask)
-        x = x[:, self.config.cls_token_num - 1:]
-        return self.norm(x) if features else self._logits(x)
+        cut = slice(self.config.cls_token_num - 1, None)
+        if not features:
+            return self._logits(x[:, cut])
+        return self._states([h[:, cut] for h in hidden], self.norm(x[:, cut]), features)
 
     @staticmethod
     def _attention_mask(query_pos, key_valid):
@@ -386,7 +391,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ token-model protocol
 
-    def prefill(self, prefix, max_new_tokens: int, features: bool = False):
+    def prefill(self, prefix, max_new_tokens: int, features: bool | tuple = False):
         """Allocate a static cache and run the condition. ``prefix`` is class labels (B,) or
         ``(caption_features, caption_mask)``. Returns logits (B, V) for image token 0 (with
         ``features``, and the condition's features (B, T, D): the hidden states the head reads)."""
@@ -412,7 +417,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         if self._compiler is not None:
             self._compiler.recheck()
 
-    def refill(self, rows: torch.Tensor, prefix, features: bool = False):
+    def refill(self, rows: torch.Tensor, prefix, features: bool | tuple = False):
         """Start new images in cache rows ``rows`` (r,) with the condition ``prefix`` (r rows);
         returns logits (r, V) for their image token 0 (continuous batching)."""
         if self._cache is None:
@@ -428,7 +433,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
     #: :meth:`forward_window` takes ``post`` (the engine's sampling, run inside the step)
     takes_post = True
 
-    def forward_window(self, tokens: torch.Tensor, start, features: bool = False, post=None, post_args=()):
+    def forward_window(self, tokens: torch.Tensor, start, features: bool | tuple = False, post=None, post_args=()):
         """Image tokens (B, L), row b at image positions start[b]..start[b]+L-1 (``start`` an int or
         (B,) tensor) -> logits (B, L, V) (with ``features``, and the hidden states (B, L, D) the head
         read). Positions past the last image token are clamped to it: they are fillers of rows that
@@ -459,7 +464,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             return out
         return (post(out[0], *post_args), out[1]) if features else post(out, *post_args)
 
-    def _window(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None = None, features: bool = False):
+    def _window(self, tokens: torch.Tensor, pos: torch.Tensor, attended: int | None = None, features: bool | tuple = False):
         """The window forward at image positions ``pos`` (B, L), attending ``attended`` cache
         slots (default: as :meth:`_run` decides)."""
         return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos, attended=attended,
@@ -513,7 +518,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         return self._compiled
 
     @torch.no_grad()
-    def precompile(self, prefix, max_new_tokens: int, windows, features: bool = False, post=None) -> None:
+    def precompile(self, prefix, max_new_tokens: int, windows, features: bool | tuple = False, post=None) -> None:
         """Compile every bucket a decode of ``prefix`` with these window lengths can step through
         (each slot bucket of each window, without gradients, as decoding runs), so that none
         compiles inside a decode (or a timed call); with ``post``, the graphs that run it
@@ -538,7 +543,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
             self.forward_window(torch.zeros(rows, window, dtype=torch.long, device=cond.device), start, features=features,
                                 post=post, post_args=args)
 
-    def _compiled_window(self, tokens: torch.Tensor, pos: torch.Tensor, features: bool = False, post=None,
+    def _compiled_window(self, tokens: torch.Tensor, pos: torch.Tensor, features: bool | tuple = False, post=None,
                          post_args=()):
         """The window forward (and ``post``) through the compiled graph of its bucket: every cache
         row (the rows of finished images padded in, writing only into their own rows; ``post_args``
@@ -613,7 +618,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         self._key_valid[:m] = self._key_valid[rows]
         self._rows = m
 
-    def _run(self, x, input_pos, rows=None, slots=None, allowed=None, attended=None, features: bool = False):
+    def _run(self, x, input_pos, rows=None, slots=None, allowed=None, attended=None, features: bool | tuple = False):
         """x (b, L, dim) at sequence positions ``input_pos`` (b, L), for the cache rows ``rows``
         (default: the first b). Keys and values are stored at ``slots`` (default: the positions);
         ``allowed`` (b, 1, L, S) says which cache slots each token sees (default: causal, over the
@@ -627,12 +632,26 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
         rope = rotary(self._rope(input_pos, rows), x.dtype)
         k_all, v_all = self._cache
+        hidden = []
         for i, layer in enumerate(self.layers):
+            hidden.append(x)
             x = layer(x, rope, mask, (k_all[i], v_all[i], rows), input_pos if slots is None else slots)
         if features:
-            states = self.norm(x)
-            return self.head(states), states
+            top = self.norm(x)
+            return self.head(top), self._states(hidden, top, features)
         return self._logits(x)
+
+    @staticmethod
+    def _states(hidden: list, top: torch.Tensor, features: bool | tuple) -> torch.Tensor:
+        """The features a forward returns, from the layers' inputs ``hidden`` and ``top``, the
+        final norm's output: with True, ``top`` (what the head reads); with a tuple of indices, as
+        transformers numbers its ``hidden_states`` (0 the embeddings, i the input of layer i,
+        ``n_layer`` the normed output), those states side by side (a fusing feature drafter's
+        request, EAGLE-3)."""
+        if not isinstance(features, tuple):
+            return top
+        every = [*hidden, top]
+        return torch.cat([every[i] for i in features], -1)
 
     #: cache slots after the sequence's, allocated by every prefill (an any-order model's draft queries)
     _scratch_slots = 0

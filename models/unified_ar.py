@@ -200,7 +200,10 @@ class JanusImageLM(UnifiedImageLM):
         finally:
             self._prompt = False
 
-    def _logits(self, last_only: bool = False, features: bool = False, **inputs):
+    def _logits(self, last_only: bool = False, features: bool | tuple = False, **inputs):
+        if isinstance(features, tuple):
+            raise ValueError("Janus's adapter returns the generation head's input only, not the hidden states "
+                             f"{list(features)} a fusing (EAGLE-3) feature drafter reads")
         ids = inputs.pop("input_ids")
         embed = self.model.get_input_embeddings() if self._prompt else self.model.prepare_embeddings_for_image_generation
         inputs[self._cache_keyword] = inputs.pop("past_key_values")

@@ -215,7 +215,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if compiled:  # every step the decode (and its window search) can take, before timing them
             precompile_decode(model, prefix_of(model, list(range(slots))), num_tokens, sampling,
                               [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
-                              drafts=drafter is not None, rule=rule, auto=auto, features=bool(features or judge),
+                              drafts=drafter is not None, rule=rule, auto=auto, features=getattr(drafter, "wants_features", False) or bool(judge),
                               drafter=drafter)
         if auto and tree:  # sibling-tree steps: forward tables (a draft model's drafts priced with them)
             window = self.last_window_policy = window_policy(

@@ -71,6 +71,31 @@ def test_a_feature_drafter_trains_for_the_target_loads_and_decodes_exactly(tiny_
     assert json.loads((folder / "training.json").read_text())["command"] == "visualspec train-drafter"
 
 
+def test_a_fusing_feature_drafter_trains_its_fusion_loads_and_decodes_exactly(tiny_pair, tmp_path):
+    """EAGLE-3's fusion (``feature_layers``): the tiny one-layer target's embeddings and normed
+    output, fused by a ``reduce`` layer the training moves; the folder loads as such and decodes
+    the target's own tokens."""
+    from visualspec.models.feature_drafter import FeatureDraftModel
+    from visualspec.training.feature_drafter import FeatureDrafterConfig, text_losses, train_text_feature_drafter
+
+    _, out = tiny_pair
+    cfg = FeatureDrafterConfig(context=32, batch=2, steps=3, warmup_steps=1, n_head=2, max_files=24,
+                               checkpoint_seconds=0.0, feature_layers=[0, 1])
+    folder = train_text_feature_drafter(str(out), str(tmp_path / "fused"), str(tmp_path / "work"), cfg, progress=False)
+    net = FeatureDraftModel.from_pretrained(folder, torch_dtype=torch.float32)
+    assert net.config.feature_layers == [0, 1] and net.reduce.weight.shape == (64, 128)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32)
+    text_losses(net, target, torch.randint(0, 300, (2, 9)), unroll=1, kl_weight=1.0)["loss"].backward()
+    assert net.reduce.weight.grad.abs().sum() > 0  # the loss trains the fusion
+    plain = generate_text(target, tokenizer, "def f(x):", max_new_tokens=8, temperature=0)
+    spec = generate_text(target, tokenizer, "def f(x):", drafter=net, window=4, max_new_tokens=8, temperature=0)
+    assert plain.token_ids == spec.token_ids
+    with pytest.raises(ValueError, match="reads hidden state 2, but the target has 2"):
+        train_text_feature_drafter(str(out), str(tmp_path / "bad"), str(tmp_path / "work-bad"),
+                                   FeatureDrafterConfig(**{**vars(cfg), "feature_layers": [0, 2]}), progress=False)
+
+
 @pytest.fixture(scope="module")
 def tiny_distilled(tiny_pair):
     """The tiny pair's draft distilled 3 steps toward its target (DistillSpec), into the pair folder."""

@@ -86,10 +86,11 @@ class Drafter:
         """Forward passes of a draft model so far (0 for model-free drafters)."""
         return 0
 
-    #: A drafter that reads the target's features sets this. The engine then asks the target for
-    #: them (``features=True`` on ``prefill``, ``forward_window`` and ``refill``) and hands them
-    #: over: the prompt's through :meth:`prefix_features`, each verified window's as ``observe``'s
-    #: ``features`` (model rows, k+1, D), at positions n-1..n+k-1.
+    #: A drafter that reads the target's features sets this: True for the last hidden states, or a
+    #: tuple of hidden-state indices to have those side by side (EAGLE-3's fusion). The engine then
+    #: asks the target for them (``features=`` this, on ``prefill``, ``forward_window`` and
+    #: ``refill``) and hands them over: the prompt's through :meth:`prefix_features`, each verified
+    #: window's as ``observe``'s ``features`` (model rows, k+1, D or nD), at positions n-1..n+k-1.
     wants_features = False
 
     def prefix_features(self, features: torch.Tensor, rows: torch.Tensor | None = None) -> None:
@@ -215,7 +216,7 @@ class Requests:
 
 
 def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingConfig, windows, *, drafts: bool,
-                      rule: Rule | None = None, auto: bool = False, features: bool = False,
+                      rule: Rule | None = None, auto: bool = False, features: bool | tuple = False,
                       drafter: Drafter | None = None, constraints: TokenConstraints | None = None,
                       stop_token: int | None = None) -> None:
     """Compile, before a decode of ``prefix`` on ``target``'s compiled step (its ``precompile``),
@@ -228,7 +229,7 @@ def precompile_decode(target, prefix: Any, num_tokens: int, sampling: SamplingCo
     which a step that commits inside itself checks for (:class:`~visualspec.core.rows.StepCommitter`).
     Where torch cannot compile a step with its sampling and rule inside, they run after the compiled
     forward instead (:func:`_precompile_with`)."""
-    extra, commits = {"features": True} if features else {}, (num_tokens, stop_token)
+    extra, commits = {"features": features} if features else {}, (num_tokens, stop_token)
     if drafts:
         fused = fused_step(target, drafter, sampling, num_tokens, rule=rule, features=features,
                            constraints=constraints)

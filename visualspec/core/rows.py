@@ -260,7 +260,7 @@ class StepCommitter(StepVerifier):
 
 
 def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, rule: Rule | None = None,
-                 constraints: TokenConstraints | None = None, features: bool = False,
+                 constraints: TokenConstraints | None = None, features: bool | tuple = False,
                  commits: tuple[int, int | None] | None = None):
     """What a decode hands ``target``'s window forward (its ``post``), so that the sampling runs
     inside the target's step, compiled with it: the
@@ -284,7 +284,7 @@ def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, ru
 
 
 def fused_step(target, drafter, sampling: SamplingConfig, num_tokens: int, *, rule: Rule | None = None,
-               constraints: TokenConstraints | None = None, features: bool = False):
+               constraints: TokenConstraints | None = None, features: bool | tuple = False):
     """What a decode hands ``target``'s step when the whole drafted step runs inside it, in one
     compiled graph: the drafter's proposal, the forward, the sampling, the lossless rule, the commit
     and the drafter's update (its :meth:`~visualspec.core.engine.Drafter.fused_step`, e.g.
@@ -336,6 +336,9 @@ class _Run:
         # the target returns its features where the drafter or the rule reads them (wants_features)
         self.drafter_features = drafter is not None and getattr(drafter, "wants_features", False)
         self.rule_features = getattr(rule, "wants_features", False)
+        if self.drafter_features and self.rule_features and self.drafter_features != self.rule_features:
+            raise ValueError(f"{type(drafter).__name__} reads the target's hidden states {self.drafter_features} "
+                             f"and {type(rule).__name__} its last ones; one forward returns one kind")
         self.features = self.drafter_features or self.rule_features
         # the target's step samples (and, under the lossless rule, verifies) inside itself, where it can
         self.step_probs = step_sampler(target, sampling, constraints=constraints, features=self.features)
@@ -380,9 +383,9 @@ class _Run:
     @property
     def _feature_flag(self) -> dict:
         """The keyword that makes the target return its features too, where the drafter or the rule
-        reads them (``wants_features``); none otherwise, so models without features run as they
-        always did."""
-        return {"features": True} if self.features else {}
+        reads them (``wants_features``: True for the last hidden states, or a fusing drafter's tuple of
+        hidden-state indices); none otherwise, so models without features run as they always did."""
+        return {"features": self.features} if self.features else {}
 
     def first_tokens(self, out: torch.Tensor, generator: Generator) -> torch.Tensor:
         """Token 0 of the rows just prefilled, from the target's output ``out`` for them (logits,

@@ -106,10 +106,10 @@ def measure_window_costs(model, prefix: Any, max_new_tokens: int, windows: Seque
     return {w: statistics.median(t[1:]) for w, t in times.items()}
 
 
-def drafted_step(model, make_timer: Callable[[], Callable[[int, int], Any]], features: bool = False) -> Callable:
+def drafted_step(model, make_timer: Callable[[], Callable[[int, int], Any]], features: bool | tuple = False) -> Callable:
     """A stand-in for one decode step with a drafter's drafts, to time with
     :func:`measure_window_costs` (``forward=``): called with tokens (model rows, W) and a start, the
-    target's window forward (``features=True`` for a drafter that reads them), then the drafter's
+    target's window forward (``features``: the drafter's ``wants_features``, where it reads them), then the drafter's
     proposal of W - 1 drafts at that position (``timer(max(start, 1), W - 1)``, the timer that
     ``make_timer()`` returns, e.g. from :meth:`visualspec.core.engine.Drafter.draft_timer`; made at
     the first call, so a table read from the cache sets up nothing). W = 1 is the forward alone: a
@@ -119,7 +119,7 @@ def drafted_step(model, make_timer: Callable[[], Callable[[int, int], Any]], fea
 
     def step(tokens: torch.Tensor, start) -> None:
         nonlocal timer
-        model.forward_window(tokens, start, **({"features": True} if features else {}))
+        model.forward_window(tokens, start, **({"features": features} if features else {}))
         if tokens.shape[1] > 1:
             timer = timer or make_timer()
             timer(max(int(start), 1), tokens.shape[1] - 1)  # a proposal follows >= 1 committed token

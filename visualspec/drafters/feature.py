@@ -49,6 +49,7 @@ class FeatureDrafter(Drafter):
 
     def __init__(self, model, target, prefix=None, keep=None):
         self.model, self.target, self.prefix = model, target, prefix
+        self.wants_features = model.feature_request  # the head's input, or the hidden states it fuses
         self._forwards = 0
         self.keep = None
         if keep is not None:
@@ -97,9 +98,10 @@ class FeatureDrafter(Drafter):
         after the prefill; the refilled ones, with continuous batching)."""
         ids, valid = self._prompt(list(range(self.batch_size)) if rows is None else self._requests)
         width = 0 if ids is None else ids.shape[1]
+        if rows is None and self.model.fc.weight.dtype != features.dtype:
+            self.model.to(features.dtype)  # it runs in its target's dtype (one saved in float16)
+        features = self.model.intake(features)
         if rows is None:
-            if self.model.fc.weight.dtype != features.dtype:  # it runs in its target's dtype (one saved in float16)
-                self.model.to(features.dtype)
             Bm = features.shape[0]
             self.P = width
             self.real = features.new_zeros(Bm, self.N + 2, features.shape[-1])
@@ -273,7 +275,8 @@ class FeatureDrafter(Drafter):
             return
         nm = self.sampling.model_batch(per_row(n, self.batch_size, features.device))
         at = (nm[:, None] + torch.arange(features.shape[1], device=nm.device)).clamp(max=self.real.shape[1] - 1)
-        self.real.scatter_(1, at[..., None].expand(-1, -1, features.shape[-1]), features.to(self.real.dtype))
+        features = self.model.intake(features.to(self.real.dtype))
+        self.real.scatter_(1, at[..., None].expand(-1, -1, features.shape[-1]), features)
 
     def select(self, rows):
         model_rows = self.sampling.model_rows(rows, self.batch_size)
@@ -291,7 +294,7 @@ class FeatureDrafter(Drafter):
         width = 1 if ids is None else ids.shape[1]
         dtype = self.target.embed_tokens(torch.zeros(1, 1, dtype=torch.long, device=device)).dtype
         rows = batch_size * sampling.model_rows_per_sample
-        self.prefix_features(torch.zeros(rows, width, self.model.config.feature_size, dtype=dtype, device=device))
+        self.prefix_features(torch.zeros(rows, width, self.model.target_width, dtype=dtype, device=device))
         tokens = torch.zeros(batch_size, num_tokens, dtype=torch.long, device=device)
 
         def propose(n: int, k: int) -> None:

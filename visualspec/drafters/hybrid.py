@@ -35,8 +35,11 @@ class HybridDrafter(Drafter):
     stood there, with the law it was drawn from.
     """
 
-    wants_features = True
     carries_drafts = True  # the positions past ``depth`` carry over from one step to the next
+
+    @property
+    def wants_features(self):
+        return self.feature.wants_features
 
     def __init__(self, feature: FeatureDrafter, jacobi: JacobiDrafter, depth: int):
         check_positive_int("a hybrid drafter's depth (the positions the feature drafter drafts)", depth)
@@ -103,7 +106,9 @@ class LookupFeatureDrafter(Drafter):
     point masses).
     """
 
-    wants_features = True
+    @property
+    def wants_features(self):
+        return self.feature.wants_features
 
     def __init__(self, lookup: NGramDrafter, feature: FeatureDrafter, feature_drafts: int | None = None):
         if feature_drafts is not None:

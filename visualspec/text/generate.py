@@ -369,7 +369,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
     wants_features = getattr(drafts, "wants_features", False) or getattr(rule, "wants_features", False)
     if compile:  # every window bucket of the decode (a dynamic tree: its one shape), before it (announced)
         if dynamic:
-            target.precompile_tree(prefix, max_new_tokens, 1 + depth * tree_width, features=True)
+            target.precompile_tree(prefix, max_new_tokens, 1 + depth * tree_width, features=wants_features)
         else:  # with the sampling and rule inside each step where they can be (and plain AR's, should it win)
             precompile_decode(target, prefix, max_new_tokens, sampling, windows, drafts=drafts is not None, rule=rule,
                               auto=window == "auto", features=wants_features, drafter=drafts,

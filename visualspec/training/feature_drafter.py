@@ -16,6 +16,12 @@ which every column's input feature is the previous pass's prediction for the col
 idea, simplified: a whole pass at a time), with the same loss against the target. Without this
 the second and later drafts see inputs unlike any seen in training.
 
+**Several of its layers (EAGLE-3's fusion).** With ``feature_layers`` the drafter reads the
+target's hidden states at those indices side by side, fused by its ``reduce`` layer, instead of
+the last one alone; the teacher-forced pass reads them, the unrolled passes its own predictions as
+before, and the loss is unchanged (the regression still aims at the last hidden state, the head's
+input, so that the only change is what the drafter reads). Text targets and the shapes GPT alike.
+
 The drafter is saved with a hash of the target's weights (``target_hash``), so a drafter is not
 loaded against another target by mistake.
 """
@@ -23,7 +29,7 @@ loaded against another target by mistake.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,6 +52,9 @@ class DrafterRecipe:
     kl_weight: float = 1.0
     unroll: int = 1  # extra passes on the drafter's own predicted features
     checkpoint_seconds: float = 300.0
+    # the target's hidden states the drafter fuses (EAGLE-3), indices of transformers' hidden_states;
+    # None: the last one alone (EAGLE)
+    feature_layers: list[int] | None = field(default=None)
 
 
 @dataclass
@@ -56,15 +65,19 @@ class FeatureDrafterConfig(DrafterRecipe):
     max_files: int = 0  # 0: every training file of the pair (tests use a few)
 
 
-def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: int, kl_weight: float) -> dict:
+def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: int, kl_weight: float,
+                   fused: torch.Tensor | None = None) -> dict:
     """EAGLE's loss for a drafter ``net`` over L pairs: ``emb`` (B, L, D) the target's embeddings of
     the pairs' tokens, ``feats`` (B, L + 1, D) the target's features, pair c reading ``feats[:, c]``
     and predicting ``feats[:, c + 1]`` (and its distribution under ``head``); averaged over the
-    teacher-forced pass and ``unroll`` passes on predicted features (see the module)."""
+    teacher-forced pass and ``unroll`` passes on predicted features (see the module). ``fused``
+    (B, L + 1, nD): the hidden states a drafter with ``feature_layers`` reads instead of ``feats``
+    (through its ``intake``), column for column."""
     feats, emb = feats.float().detach(), emb.float().detach()
     with torch.no_grad():
         log_p = head(feats[:, 1:]).float().log_softmax(-1)
-    inputs, total, parts = feats[:, :-1], 0.0, {}
+    read = feats if fused is None else net.intake(fused.float().detach())
+    inputs, total, parts = read[:, :-1], 0.0, {}
     for i in range(1 + unroll):
         g = net(emb, inputs)
         regression = F.smooth_l1_loss(g, feats[:, 1:])
@@ -72,17 +85,20 @@ def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: in
         total = total + regression + kl_weight * kl
         parts[f"kl{i}"] = kl.item()
         # the next pass reads, at pair c, the prediction for pair c - 1 (the first pair keeps its own)
-        inputs = torch.cat([feats[:, :1], g[:, :-1]], 1)
+        inputs = torch.cat([read[:, :1], g[:, :-1]], 1)
     return {"loss": total / (1 + unroll), **parts}
 
 
 def text_losses(net, target, tokens: torch.Tensor, unroll: int, kl_weight: float) -> dict:
     """:func:`feature_losses` on token windows (B, T+1) of a transformers causal LM ``target``:
     pair c = (x_c, f_{c-1}), c = 1..T."""
+    layers = net.config.feature_layers
     with torch.no_grad():
-        feats = target.base_model(input_ids=tokens).last_hidden_state  # f_0..f_T
+        out = target.base_model(input_ids=tokens, output_hidden_states=bool(layers))
+        feats = out.last_hidden_state  # f_0..f_T
+        fused = torch.cat([out.hidden_states[i] for i in layers], -1) if layers else None
         emb = target.get_input_embeddings()(tokens[:, 1:])
-    return feature_losses(net, feats, emb, target.get_output_embeddings(), unroll, kl_weight)
+    return feature_losses(net, feats, emb, target.get_output_embeddings(), unroll, kl_weight, fused)
 
 
 def chimera_losses(net, target, tokens: torch.Tensor, kl_weight: float) -> dict:
@@ -137,7 +153,8 @@ def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: F
     cfg = cfg or FeatureDrafterConfig()
     return _train_text_drafter(pair, out, work_dir, cfg, FeatureDraftModel,
                                lambda net, target, x: text_losses(net, target, x, cfg.unroll, cfg.kl_weight),
-                               "feature drafter", "visualspec train-drafter", progress)
+                               "feature drafter", "visualspec train-drafter", progress,
+                               feature_layers=cfg.feature_layers)
 
 
 @dataclass
@@ -170,7 +187,7 @@ def _train_text_drafter(pair, out, work_dir: str, cfg, model_class, losses, desc
     """A ``model_class`` drafter (the feature drafter's network or a subclass, with ``net_kwargs``)
     trained against text pair ``pair``'s target on random ``cfg.context + 1``-token windows of its
     stream, ``losses(net, target, windows)`` each step (:func:`_train`)."""
-    from ..models.feature_drafter import weights_hash
+    from ..models.feature_drafter import check_trained_for, weights_hash
     from .text import _batch
 
     folder, work, device, t0, target, stream = text_target_run(pair, work_dir, cfg)
@@ -179,6 +196,7 @@ def _train_text_drafter(pair, out, work_dir: str, cfg, model_class, losses, desc
     net = model_class(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,
                       max_len=max(4 * cfg.context, target.config.max_position_embeddings),
                       target_hash=weights_hash(target), **net_kwargs).to(device).train()
+    check_trained_for("drafter", net, target, dim, command)  # the hidden states it fuses exist
 
     def batch_losses(step):  # the text pair's own window sampling (salt 7)
         return losses(net, target, _batch(stream, cfg, step, 7).to(device))
@@ -227,7 +245,7 @@ def train_image_feature_drafter(model: str | None, out: str, work_dir: str,
     target's feature that predicted x_c; ``unconditional`` of the rows drop their caption (the null
     condition), since under guidance the drafter drafts the unconditional rows too."""
     from ..assets import SHAPES_T2I
-    from ..models.feature_drafter import FeatureDraftModel, weights_hash
+    from ..models.feature_drafter import FeatureDraftModel, check_trained_for, weights_hash
     from ..pipelines.llamagen import LlamaGenPipeline
     from .shapes import ShapesTrainingConfig, caption_batch
 
@@ -242,7 +260,12 @@ def train_image_feature_drafter(model: str | None, out: str, work_dir: str,
     dim = gpt.config.dim
     torch.manual_seed(cfg.seed)
     net = FeatureDraftModel(feature_size=dim, n_head=cfg.n_head, ffn_hidden=cfg.ffn_multiple * dim,
-                            max_len=gpt.config.block_size + 16, target_hash=weights_hash(gpt)).to(device).train()
+                            max_len=gpt.config.block_size + 16, target_hash=weights_hash(gpt),
+                            feature_layers=cfg.feature_layers).to(device).train()
+    check_trained_for("drafter", net, gpt, dim, "visualspec train-drafter --model")  # the states it fuses exist
+    # a fusing drafter's states, then the head's input (its loss's target) after them
+    request = (*cfg.feature_layers, gpt.config.n_layer) if cfg.feature_layers else True
+
     def batch_losses(step):
         x, prompts = caption_batch(cfg.seed + 7, step, cfg.batch, world.task_weights, world.caption_detail,
                                    world.caption_order)
@@ -253,9 +276,10 @@ def train_image_feature_drafter(model: str | None, out: str, work_dir: str,
             tokens = tokens.flatten(1)
             captions, mask = pipe.encode_prompt(prompts)
             mask = torch.where(drop[:, None], torch.ones_like(mask), mask)
-            feats = gpt(captions, tokens, cond_mask=mask, drop_condition=drop, features=True)  # row c predicts x_c
+            feats = gpt(captions, tokens, cond_mask=mask, drop_condition=drop, features=request)  # row c predicts x_c
+            fused, feats = (feats[..., :-dim], feats[..., -dim:]) if cfg.feature_layers else (None, feats)
             emb = gpt.tok_embeddings(tokens[:, :-1])
-        return feature_losses(net, feats, emb, gpt.head, cfg.unroll, cfg.kl_weight)
+        return feature_losses(net, feats, emb, gpt.head, cfg.unroll, cfg.kl_weight, fused)
 
     return _train(net, cfg, batch_losses, "image feature drafter", work, out, device, t0,
                   "visualspec train-drafter --model", progress, model=str(folder))

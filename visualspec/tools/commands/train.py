@@ -46,6 +46,13 @@ def register(sub, common) -> None:
                         "visualspec's home)")
     t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipes: 1500 eagle, 2000 chimera, "
                                              "800 distill)")
+    t.add_argument("--feature-layers", type=int, nargs="+", metavar="I",
+                   help="--kind eagle: fuse the target's hidden states at these indices (EAGLE-3; 0 the embeddings, "
+                        "i the input of layer i, the last the normed output) instead of reading its last hidden "
+                        "state alone")
+    t.add_argument("--unroll", type=int, metavar="N",
+                   help="--kind eagle: passes on the drafter's own predicted features after the teacher-forced one "
+                        "(training-time test; the shipped recipes: 1)")
     t.set_defaults(func=checked(train_drafter))
 
     t = sub.add_parser("train-judge", parents=[common],
@@ -164,6 +171,14 @@ def train_drafter(args) -> int:
                                                    f"train-drafter-{args.kind}"))
     if args.exit_layer is not None and args.kind != "kangaroo":
         raise ValueError("--exit-layer is Kangaroo's (--kind kangaroo)")
+    if args.feature_layers is not None:
+        if args.kind != "eagle":
+            raise ValueError("--feature-layers is the feature drafter's (--kind eagle)")
+        overrides["feature_layers"] = args.feature_layers
+    if args.unroll is not None:
+        if args.kind != "eagle" or args.unroll < 0:
+            raise ValueError(f"--unroll is the feature drafter's (--kind eagle), 0 or more; got {args.unroll}")
+        overrides["unroll"] = args.unroll
     if args.kind == "kangaroo":
         from ...training.kangaroo import KangarooConfig, train_kangaroo
 
