@@ -21,7 +21,8 @@ from visualspec.text import generate_text
 from visualspec.tools.bench_text import load_feature_drafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import alternated_rounds, text_study_pair, text_study_parser  # noqa: E402
+from timing import (alternated_rounds, greedy_references, print_fastest_first, text_study_pair,  # noqa: E402
+                    text_study_parser)
 
 NEW_TOKENS = 128
 
@@ -45,13 +46,9 @@ def main():
         return generate_text(target, tokenizer, prompt, max_new_tokens=NEW_TOKENS, temperature=0, compile=True,
                              **configs[name])
 
-    reference = [generate_text(target, tokenizer, p, max_new_tokens=NEW_TOKENS, temperature=0,
-                               compile=True).token_ids[0] for p in texts]
-    rows = alternated_rounds(configs, call, texts, reference, args.rounds)
-    calls = args.rounds * len(texts)
-    print(f"{'configuration':<28} {'tokens/s':>9} {'tau':>6} {'equal':>7}")
-    for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["tokens"] / kv[1]["seconds"]):
-        print(f"{name:<28} {r['tokens'] / r['seconds']:9.1f} {r['tokens'] / r['forwards']:6.2f} {r['equal']:>3}/{calls}")
+    rows = alternated_rounds(configs, call, texts, greedy_references(target, tokenizer, texts, NEW_TOKENS),
+                             args.rounds)
+    print_fastest_first(rows, args.rounds * len(texts), 28)
 
 
 if __name__ == "__main__":

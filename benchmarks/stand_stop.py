@@ -19,7 +19,7 @@ from pathlib import Path
 from visualspec.text import generate_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import alternated_rounds, text_study_pair, text_study_parser  # noqa: E402
+from timing import alternated_rounds, greedy_references, text_study_pair, text_study_parser  # noqa: E402
 
 NEW_TOKENS = 128
 
@@ -39,8 +39,7 @@ def main():
         return generate_text(target, tokenizer, prompt, drafter="stand", window=window, compile=compiled,
                              draft_stop_below=stop, max_new_tokens=NEW_TOKENS, temperature=0)
 
-    reference = [generate_text(target, tokenizer, p, max_new_tokens=NEW_TOKENS, temperature=0).token_ids[0]
-                 for p in texts]
+    reference = greedy_references(target, tokenizer, texts, NEW_TOKENS, compile=False)
     rows = alternated_rounds(configs, call, texts, reference, args.rounds)
     speed = {c: r["tokens"] / r["seconds"] for c, r in rows.items()}
     calls = args.rounds * len(texts)

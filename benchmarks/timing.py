@@ -78,3 +78,21 @@ def text_study_pair(args):
     folder = pair_folder()
     tokenizer, target, _ = load_pair(folder)
     return folder, tokenizer, target, held_out_prompts(folder, tokenizer, args.prompts, PROMPT_TOKENS, seed=args.seed)
+
+
+def greedy_references(target, tokenizer, texts, new_tokens: int, compile: bool = True) -> list:
+    """Each prompt's greedy AR tokens (``generate_text`` without a drafter; compiled unless told
+    otherwise): what every lossless row of a text study must equal."""
+    from visualspec.text import generate_text
+
+    return [generate_text(target, tokenizer, p, max_new_tokens=new_tokens, temperature=0,
+                          compile=compile).token_ids[0] for p in texts]
+
+
+def print_fastest_first(rows: dict, calls: int, width: int) -> None:
+    """The rows of :func:`alternated_rounds`, fastest first: tokens per second, tau (tokens per
+    target forward) and the calls whose output equalled the reference, of ``calls``."""
+    print(f"{'configuration':<{width}} {'tokens/s':>9} {'tau':>6} {'equal':>7}")
+    for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["tokens"] / kv[1]["seconds"]):
+        print(f"{name:<{width}} {r['tokens'] / r['seconds']:9.1f} {r['tokens'] / r['forwards']:6.2f} "
+              f"{r['equal']:>3}/{calls}")

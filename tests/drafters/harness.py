@@ -147,3 +147,19 @@ class NoFeatures:
 
     def prefill(self, prefix, n):
         return self.model.prefill(prefix, n)
+
+
+def guided_llamagen_ar(compiled: bool, features=True):
+    """A tiny LlamaGen GPT, class labels for two rows and their unconditional twins, greedy sampling
+    under guidance and the GPT's AR output; ``compiled``: its step compiled first, for windows 1
+    and 3 returning ``features`` (a feature drafter's request) and for AR's window 1."""
+    from visualspec.core.engine import decode
+
+    target = tiny_llamagen(vocab_size=16, block_size=16, dim=32, std=0.1)
+    labels = torch.tensor([0, 1, 3, 3])
+    sampling = SamplingConfig(temperature=0.0, guidance_scale=2.0)
+    if compiled:
+        target.compile_step()
+        target.precompile(labels, 16, [1, 3], features=features)
+        target.precompile(labels, 16, [1])
+    return target, labels, sampling, decode(target, labels, 16, sampling)[0]

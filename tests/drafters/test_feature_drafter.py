@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import assert_guards_checked_once_a_decode, tiny_hf
-from drafters.harness import (N, V, NoFeatures, copying_net, drafter_net, prompt_prefix, queued_greedy_ar,
-                             ragged_greedy_ar, ragged_prompts, reporting_uniform_law)
+from drafters.harness import (N, V, NoFeatures, copying_net, drafter_net, guided_llamagen_ar, prompt_prefix,
+                             queued_greedy_ar, ragged_greedy_ar, ragged_prompts, reporting_uniform_law)
 from visualspec.core.engine import decode
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
 from visualspec.core.sampling import SamplingConfig
@@ -223,16 +223,7 @@ def test_an_image_model_feeds_a_feature_drafter_under_guidance(compiled):
     """LlamaGen's GPT returns its features too (eager and compiled); the drafter starts from the
     condition's last feature (an image prefix is not tokens), on [cond; uncond] model rows; greedy
     output equals AR's."""
-    from conftest import tiny_llamagen
-
-    target = tiny_llamagen(vocab_size=16, block_size=16, dim=32, std=0.1)
-    labels = torch.tensor([0, 1, 3, 3])  # two rows, then their unconditional twins
-    sampling = SamplingConfig(temperature=0.0, guidance_scale=2.0)
-    if compiled:
-        target.compile_step()
-        target.precompile(labels, 16, [1, 3], features=True)
-        target.precompile(labels, 16, [1])
-    ar, _ = decode(target, labels, 16, sampling)
+    target, labels, sampling, ar = guided_llamagen_ar(compiled)
     with torch.no_grad():
         logits, features = target.prefill(labels, 16, features=True)
     torch.testing.assert_close(target.head(features[:, -1]), logits)

@@ -7,9 +7,9 @@ stay lossless (chi-square with a control that fails), and what cannot work is re
 import pytest
 import torch
 
-from conftest import tiny_hf, tiny_llamagen
-from drafters.harness import (N, V, drafter_net, prompt_prefix, queued_greedy_ar, ragged_greedy_ar,
-                             reporting_uniform_law)
+from conftest import tiny_hf
+from drafters.harness import (N, V, drafter_net, guided_llamagen_ar, prompt_prefix, queued_greedy_ar,
+                             ragged_greedy_ar, reporting_uniform_law)
 from visualspec.core.engine import decode
 from visualspec.core.judge import JudgeRule
 from visualspec.core.lossless import chi_square_fit, exact_sequence_distribution, sample_sequences
@@ -127,14 +127,7 @@ def test_the_shapes_gpt_fuses_its_hidden_states_for_a_drafter_under_guidance(com
     """LlamaGen's GPT returns the named hidden states too: in its decode (eager and compiled) as in
     its teacher-forced forward (what training reads), the head's input at index n_layer; a fusing
     drafter on [cond; uncond] rows gives AR's greedy output."""
-    target = tiny_llamagen(vocab_size=16, block_size=16, dim=32, std=0.1)
-    labels = torch.tensor([0, 1, 3, 3])  # two rows, then their unconditional twins
-    sampling = SamplingConfig(temperature=0.0, guidance_scale=2.0)
-    if compiled:
-        target.compile_step()
-        target.precompile(labels, 16, [1, 3], features=LAYERS)
-        target.precompile(labels, 16, [1])
-    ar, _ = decode(target, labels, 16, sampling)
+    target, labels, sampling, ar = guided_llamagen_ar(compiled, features=LAYERS)
     with torch.no_grad():
         _, last = target.prefill(labels, 16, features=True)
         _, fused = target.prefill(labels, 16, features=LAYERS)
