@@ -164,3 +164,14 @@ def test_a_chimera_drafter_trains_for_the_target_loads_and_decodes_exactly(tiny_
                          temperature=0)
     assert plain.token_ids == spec.token_ids and spec.stats.mode == "chimera"
     assert json.loads((folder / "training.json").read_text())["command"] == "visualspec train-drafter --kind chimera"
+
+
+def test_train_drafter_names_a_misplaced_fusion_or_unroll(tmp_path, capsys):
+    from visualspec.tools.cli import main
+
+    out = str(tmp_path / "x")
+    assert main(["train-drafter", "--kind", "kangaroo", "--feature-layers", "0", "1", "--out", out]) == 2
+    assert "--feature-layers is the feature drafter's (--kind eagle)" in capsys.readouterr().err
+    assert main(["train-drafter", "--unroll", "-1", "--out", out]) == 2
+    assert "--unroll is the feature drafter's (--kind eagle), 0 or more; got -1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
