@@ -12,17 +12,13 @@ each. Prints seconds an image and the fraction of AR's target forwards (an image
 """
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
 from visualspec.models.feature_drafter import load_draft_model
 from visualspec.pipelines.llamagen import LlamaGenPipeline
 from visualspec.worlds.shapes import evaluation_prompts
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main():

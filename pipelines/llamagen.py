@@ -9,6 +9,7 @@ import torch
 from ..core.checks import check_int, check_probability
 from ..core.compiled import compiled_step
 from ..core.engine import Requests, decode, precompile_decode
+from ..core.rows import feature_request
 from ..core.sampling import SamplingConfig, make_generator
 from ..core.window import WINDOWS
 from ..models.llamagen import LlamaGenGPT
@@ -215,7 +216,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         if compiled:  # every step the decode (and its window search) can take, before timing them
             precompile_decode(model, prefix_of(model, list(range(slots))), num_tokens, sampling,
                               [w for w in WINDOWS if w <= num_tokens] if auto else window_lengths(window),
-                              drafts=drafter is not None, rule=rule, auto=auto, features=getattr(drafter, "wants_features", False) or bool(judge),
+                              drafts=drafter is not None, rule=rule, auto=auto, features=feature_request(drafter, rule),
                               drafter=drafter)
         if auto and tree:  # sibling-tree steps: forward tables (a draft model's drafts priced with them)
             window = self.last_window_policy = window_policy(

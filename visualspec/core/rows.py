@@ -259,6 +259,19 @@ class StepCommitter(StepVerifier):
                 zeros(), *tables)
 
 
+def feature_request(drafter, rule) -> bool | tuple:
+    """What a decode asks its target's forwards to return beside the logits: the ``wants_features``
+    of the drafter or of the rule that reads them (True: the last hidden states; a tuple of indices:
+    those hidden states side by side), False where neither does. A drafter and a rule asking for
+    different ones are an error: one forward returns one kind."""
+    drafter_wants = drafter is not None and getattr(drafter, "wants_features", False)
+    rule_wants = getattr(rule, "wants_features", False)
+    if drafter_wants and rule_wants and drafter_wants != rule_wants:
+        raise ValueError(f"{type(drafter).__name__} reads the target's hidden states {drafter_wants} "
+                         f"and {type(rule).__name__} its last ones; one forward returns one kind")
+    return drafter_wants or rule_wants
+
+
 def step_sampler(target, sampling: SamplingConfig, *, verifies: bool = False, rule: Rule | None = None,
                  constraints: TokenConstraints | None = None, features: bool | tuple = False,
                  commits: tuple[int, int | None] | None = None):
@@ -334,12 +347,9 @@ class _Run:
                                     f"needs a token model that can replace and drop rows")
             prefix = requests.prefix(list(range(min(requests.slots, requests.count))))
         # the target returns its features where the drafter or the rule reads them (wants_features)
+        self.features = feature_request(drafter, rule)
         self.drafter_features = drafter is not None and getattr(drafter, "wants_features", False)
         self.rule_features = getattr(rule, "wants_features", False)
-        if self.drafter_features and self.rule_features and self.drafter_features != self.rule_features:
-            raise ValueError(f"{type(drafter).__name__} reads the target's hidden states {self.drafter_features} "
-                             f"and {type(rule).__name__} its last ones; one forward returns one kind")
-        self.features = self.drafter_features or self.rule_features
         # the target's step samples (and, under the lossless rule, verifies) inside itself, where it can
         self.step_probs = step_sampler(target, sampling, constraints=constraints, features=self.features)
         # and commits, where the step is compiled (eagerly the commit inside costs what it does after)

@@ -51,6 +51,7 @@ from ..models.kangaroo import check_hash, is_kangaroo_folder, kangaroo_info, loa
 from ..core.multidraft import greedy_multidraft_verify, recursive_iid_verify, rsd_verify, spectr_verify
 from ..core.sampling import SamplingConfig, check_sampling_args, make_generator
 from ..core.stats import DecodeStats
+from ..core.rows import feature_request
 from ..core.dynamic_tree import check_tree_shape, decode_dynamic_tree
 from ..core.tree import decode_tree
 from ..core.judge import JudgeRule
@@ -366,7 +367,7 @@ def generate_text(model, tokenizer, prompt, drafter=None, acceptance: str = "exa
         drafts.use_tree(depth, tree_width)
         window = depth + 1  # the drafter's catch-up feeds up to depth + 1 pairs; the target's tree runs eagerly
     windows = [w for w in WINDOWS if w <= max_new_tokens] if window == "auto" else range(1, window + 1)
-    wants_features = getattr(drafts, "wants_features", False) or getattr(rule, "wants_features", False)
+    wants_features = feature_request(drafts, rule)
     if compile:  # every window bucket of the decode (a dynamic tree: its one shape), before it (announced)
         if dynamic:
             target.precompile_tree(prefix, max_new_tokens, 1 + depth * tree_width, features=wants_features)
