@@ -75,6 +75,31 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         x = self.fuse(embeddings, features)
         return self.layer(x, rotary(self.rope[:x.shape[1]], x.dtype), None)
 
+    def chain_passes(self, embeddings: torch.Tensor, features: torch.Tensor, passes: int) -> list[torch.Tensor]:
+        """Training-time test (EAGLE-3): the teacher-forced pass (:meth:`forward`) and ``passes``
+        more, each as a decode chain's later drafts see their context -> each pass's predicted
+        features (B, L, D).
+
+        Pass j >= 1 reads at column c the feature pass j - 1 predicted at column c - 1 (column 0
+        keeps its own), as the j-th draft of a chain reads the one before it; and it attends what
+        that draft attends (:func:`chain_attention_mask`): the real columns up to c - j (pass 0's
+        keys) and, for 1 <= i <= j, pass i's key at column c - j + i, the chain's drafts so far.
+        The keys of earlier passes are reused, not recomputed."""
+        L = embeddings.shape[1]
+        layer, attention = self.layer, self.layer.attention
+        rope = rotary(self.rope[:L], embeddings.dtype)
+        keys, values, outs, inputs = [], [], [], features
+        for j in range(1 + passes):
+            x = self.fuse(embeddings, inputs)
+            q, k, v = attention.project(layer.attention_norm(x), rope)
+            keys.append(k)
+            values.append(v)
+            mask = chain_attention_mask(L, j, x.device)
+            x = x + attention.output(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+            outs.append(x + layer.feed_forward(layer.ffn_norm(x)))
+            inputs = torch.cat([features[:, :1], outs[-1][:, :-1]], 1)
+        return outs
+
     @property
     def feature_request(self):
         """What the drafter asks of its target's forward (a drafter's ``wants_features``): True for
@@ -279,6 +304,16 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         self._valid[rows] = True
         if valid is not None:
             self._valid[rows, :valid.shape[1]] = valid
+
+
+def chain_attention_mask(length: int, j: int, device=None) -> torch.Tensor:
+    """What pass j of :meth:`FeatureDraftModel.chain_passes` attends: a (length, (j + 1) length)
+    bool mask, query column c against key column s of pass i (key index i * length + s), True where
+    (i = 0 and s <= c - j) or (1 <= i <= j and s = c - j + i)."""
+    c = torch.arange(length, device=device)[:, None]
+    s = torch.arange(length, device=device)[None, :]
+    blocks = [s <= c - j] + [s == c - j + i for i in range(1, j + 1)]
+    return torch.cat(blocks, 1)
 
 
 def load_draft_model(folder, **kwargs) -> FeatureDraftModel:

@@ -152,12 +152,8 @@ class Attention(nn.Module):
         the keys and values of x are written in cache rows ``rows`` (default: the first B) at
         ``input_pos`` (B, L), and attention runs over those rows' positions < S = mask's S.
         """
-        B, L, _ = x.shape
-        hd = self.head_dim
-        qk, v = self.wqkv(x).split([(self.n_head + self.n_kv_head) * hd, self.n_kv_head * hd], dim=-1)
-        q, k = apply_rope(qk.view(B, L, self.n_head + self.n_kv_head, hd), *rope).transpose(1, 2).split(
-            [self.n_head, self.n_kv_head], dim=1)  # queries and keys turned in one go
-        v = v.view(B, L, self.n_kv_head, hd).transpose(1, 2)
+        B = x.shape[0]
+        q, k, v = self.project(x, rope)
         if cache is not None:
             k_cache, v_cache, rows = cache
             at = (torch.arange(B, device=x.device) if rows is None else rows)[:, None]
@@ -168,9 +164,24 @@ class Attention(nn.Module):
                 k, v = k_cache[:B, :, :S], v_cache[:B, :, :S]
             else:
                 k, v = k_cache[rows, :, :S], v_cache[rows, :, :S]
+        return self.output(q, k, v, mask)
+
+    def project(self, x, rope):
+        """Queries (B, H, L, hd), keys and values (B, H_kv, L, hd) of x (B, L, dim), queries and keys
+        turned by ``rope``."""
+        B, L, _ = x.shape
+        hd = self.head_dim
+        qk, v = self.wqkv(x).split([(self.n_head + self.n_kv_head) * hd, self.n_kv_head * hd], dim=-1)
+        q, k = apply_rope(qk.view(B, L, self.n_head + self.n_kv_head, hd), *rope).transpose(1, 2).split(
+            [self.n_head, self.n_kv_head], dim=1)  # queries and keys turned in one go
+        return q, k, v.view(B, L, self.n_kv_head, hd).transpose(1, 2)
+
+    def output(self, q, k, v, mask):
+        """The attention's output (B, L, dim) for queries q over keys k and values v (:func:`attend`)."""
         if self.n_kv_head != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        B, _, L, _ = q.shape
         return self.wo(attend(q, k, v, mask).transpose(1, 2).reshape(B, L, -1))
 
 

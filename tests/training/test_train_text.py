@@ -96,6 +96,26 @@ def test_a_fusing_feature_drafter_trains_its_fusion_loads_and_decodes_exactly(ti
                                    FeatureDrafterConfig(**{**vars(cfg), "feature_layers": [0, 2]}), progress=False)
 
 
+def test_a_step_wise_unroll_trains_and_is_recorded(tiny_pair, tmp_path):
+    """``--unroll 2 --step-wise`` (EAGLE-3's training-time test) runs through the recipe, is recorded
+    in the folder's training record, and the drafter decodes the target's own tokens."""
+    from visualspec.training.feature_drafter import FeatureDrafterConfig, train_text_feature_drafter
+
+    _, out = tiny_pair
+    cfg = FeatureDrafterConfig(context=32, batch=2, steps=2, warmup_steps=1, n_head=2, max_files=24,
+                               checkpoint_seconds=0.0, unroll=2, step_wise=True)
+    folder = train_text_feature_drafter(str(out), str(tmp_path / "stepped"), str(tmp_path / "work"), cfg,
+                                        progress=False)
+    recipe = json.loads((folder / "training.json").read_text())["config"]
+    assert recipe["unroll"] == 2 and recipe["step_wise"] is True
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "tokenizer")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32)
+    plain = generate_text(target, tokenizer, "def f(x):", max_new_tokens=8, temperature=0)
+    spec = generate_text(target, tokenizer, "def f(x):", drafter=str(folder), window=4, max_new_tokens=8,
+                         temperature=0)
+    assert plain.token_ids == spec.token_ids
+
+
 @pytest.fixture(scope="module")
 def tiny_distilled(tiny_pair):
     """The tiny pair's draft distilled 3 steps toward its target (DistillSpec), into the pair folder."""
@@ -174,4 +194,6 @@ def test_train_drafter_names_a_misplaced_fusion_or_unroll(tmp_path, capsys):
     assert "--feature-layers is the feature drafter's (--kind eagle)" in capsys.readouterr().err
     assert main(["train-drafter", "--unroll", "-1", "--out", out]) == 2
     assert "--unroll is the feature drafter's (--kind eagle), 0 or more; got -1" in capsys.readouterr().err
+    assert main(["train-drafter", "--step-wise", "--out", out]) == 2
+    assert "--step-wise is the feature drafter's (--kind eagle) and shapes its --unroll passes" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -12,9 +12,12 @@ distribution (distillation, as DistillSpec argues, rather than the sampled token
 
 **Its own features (training-time test).** When it drafts several tokens, the drafter reads
 back features it predicted, not the target's. So each step also runs ``unroll`` more passes in
-which every column's input feature is the previous pass's prediction for the column before (EAGLE-3's
-idea, simplified: a whole pass at a time), with the same loss against the target. Without this
-the second and later drafts see inputs unlike any seen in training.
+which every column's input feature is the previous pass's prediction for the column before, with
+the same loss against the target. Without this the second and later drafts see inputs unlike any
+seen in training. By default a pass attends its own columns (a whole pass at a time, simplified);
+with ``step_wise`` it attends what a chain's draft attends, the real columns before the chain and
+the chain's drafts so far (EAGLE-3's training-time test,
+:meth:`~visualspec.models.feature_drafter.FeatureDraftModel.chain_passes`).
 
 **Several of its layers (EAGLE-3's fusion).** With ``feature_layers`` the drafter reads the
 target's hidden states at those indices side by side, fused by its ``reduce`` layer, instead of
@@ -51,6 +54,7 @@ class DrafterRecipe:
     ffn_multiple: int = 3  # the MLP is this many times the feature width
     kl_weight: float = 1.0
     unroll: int = 1  # extra passes on the drafter's own predicted features
+    step_wise: bool = False  # the passes attend as a decode chain's drafts do (EAGLE-3), not their own columns
     checkpoint_seconds: float = 300.0
     # the target's hidden states the drafter fuses (EAGLE-3), indices of transformers' hidden_states;
     # None: the last one alone (EAGLE)
@@ -66,20 +70,22 @@ class FeatureDrafterConfig(DrafterRecipe):
 
 
 def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: int, kl_weight: float,
-                   fused: torch.Tensor | None = None) -> dict:
+                   fused: torch.Tensor | None = None, step_wise: bool = False) -> dict:
     """EAGLE's loss for a drafter ``net`` over L pairs: ``emb`` (B, L, D) the target's embeddings of
     the pairs' tokens, ``feats`` (B, L + 1, D) the target's features, pair c reading ``feats[:, c]``
     and predicting ``feats[:, c + 1]`` (and its distribution under ``head``); averaged over the
     teacher-forced pass and ``unroll`` passes on predicted features (see the module). ``fused``
     (B, L + 1, nD): the hidden states a drafter with ``feature_layers`` reads instead of ``feats``
-    (through its ``intake``), column for column."""
+    (through its ``intake``), column for column. ``step_wise``: the passes of
+    :meth:`~visualspec.models.feature_drafter.FeatureDraftModel.chain_passes`."""
     feats, emb = feats.float().detach(), emb.float().detach()
     with torch.no_grad():
         log_p = head(feats[:, 1:]).float().log_softmax(-1)
     read = feats if fused is None else net.intake(fused.float().detach())
     inputs, total, parts = read[:, :-1], 0.0, {}
+    passes = net.chain_passes(emb, inputs, unroll) if step_wise else None
     for i in range(1 + unroll):
-        g = net(emb, inputs)
+        g = passes[i] if step_wise else net(emb, inputs)
         regression = F.smooth_l1_loss(g, feats[:, 1:])
         kl = F.kl_div(head(g).float().log_softmax(-1), log_p, log_target=True, reduction="batchmean") / g.shape[1]
         total = total + regression + kl_weight * kl
@@ -89,7 +95,7 @@ def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: in
     return {"loss": total / (1 + unroll), **parts}
 
 
-def text_losses(net, target, tokens: torch.Tensor, unroll: int, kl_weight: float) -> dict:
+def text_losses(net, target, tokens: torch.Tensor, unroll: int, kl_weight: float, step_wise: bool = False) -> dict:
     """:func:`feature_losses` on token windows (B, T+1) of a transformers causal LM ``target``:
     pair c = (x_c, f_{c-1}), c = 1..T."""
     layers = net.config.feature_layers
@@ -98,7 +104,7 @@ def text_losses(net, target, tokens: torch.Tensor, unroll: int, kl_weight: float
         feats = out.last_hidden_state  # f_0..f_T
         fused = torch.cat([out.hidden_states[i] for i in layers], -1) if layers else None
         emb = target.get_input_embeddings()(tokens[:, 1:])
-    return feature_losses(net, feats, emb, target.get_output_embeddings(), unroll, kl_weight, fused)
+    return feature_losses(net, feats, emb, target.get_output_embeddings(), unroll, kl_weight, fused, step_wise)
 
 
 def chimera_losses(net, target, tokens: torch.Tensor, kl_weight: float) -> dict:
@@ -152,7 +158,8 @@ def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: F
 
     cfg = cfg or FeatureDrafterConfig()
     return _train_text_drafter(pair, out, work_dir, cfg, FeatureDraftModel,
-                               lambda net, target, x: text_losses(net, target, x, cfg.unroll, cfg.kl_weight),
+                               lambda net, target, x: text_losses(net, target, x, cfg.unroll, cfg.kl_weight,
+                                                                  cfg.step_wise),
                                "feature drafter", "visualspec train-drafter", progress,
                                feature_layers=cfg.feature_layers)
 
@@ -279,7 +286,7 @@ def train_image_feature_drafter(model: str | None, out: str, work_dir: str,
             feats = gpt(captions, tokens, cond_mask=mask, drop_condition=drop, features=request)  # row c predicts x_c
             fused, feats = (feats[..., :-dim], feats[..., -dim:]) if cfg.feature_layers else (None, feats)
             emb = gpt.tok_embeddings(tokens[:, :-1])
-        return feature_losses(net, feats, emb, gpt.head, cfg.unroll, cfg.kl_weight, fused)
+        return feature_losses(net, feats, emb, gpt.head, cfg.unroll, cfg.kl_weight, fused, cfg.step_wise)
 
     return _train(net, cfg, batch_losses, "image feature drafter", work, out, device, t0,
                   "visualspec train-drafter --model", progress, model=str(folder))

@@ -53,6 +53,9 @@ def register(sub, common) -> None:
     t.add_argument("--unroll", type=int, metavar="N",
                    help="--kind eagle: passes on the drafter's own predicted features after the teacher-forced one "
                         "(training-time test; the shipped recipes: 1)")
+    t.add_argument("--step-wise", action="store_true",
+                   help="--kind eagle with --unroll: each pass attends as a decode chain's draft does, the real "
+                        "columns before the chain and the drafts so far (EAGLE-3), not its own columns")
     t.set_defaults(func=checked(train_drafter))
 
     t = sub.add_parser("train-judge", parents=[common],
@@ -179,6 +182,11 @@ def train_drafter(args) -> int:
         if args.kind != "eagle" or args.unroll < 0:
             raise ValueError(f"--unroll is the feature drafter's (--kind eagle), 0 or more; got {args.unroll}")
         overrides["unroll"] = args.unroll
+    if args.step_wise:
+        if args.kind != "eagle" or not args.unroll:
+            raise ValueError("--step-wise is the feature drafter's (--kind eagle) and shapes its --unroll passes: "
+                             "give --unroll 1 or more")
+        overrides["step_wise"] = True
     if args.kind == "kangaroo":
         from ...training.kangaroo import KangarooConfig, train_kangaroo
 
