@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from visualspec.models.feature_drafter import FeatureDraftModel, chain_attention_mask
-from visualspec.training.feature_drafter import feature_losses
+from visualspec.training.feature_drafter import feature_losses, pass_weights
 
 D, L, PASSES = 32, 10, 3
 
@@ -83,3 +83,24 @@ def test_step_wise_losses_train_every_pass():
     assert stepped["kl2"] != pytest.approx(plain["kl2"])
     stepped["loss"].backward()
     assert train.layer.attention.wqkv.weight.grad.abs().sum() > 0
+
+
+def test_pass_weights_decay_and_sum_to_one():
+    assert pass_weights(3, 1.0) == pytest.approx([1 / 3] * 3)
+    w = pass_weights(4, 0.8)
+    assert sum(w) == pytest.approx(1.0) and [b / a for a, b in zip(w, w[1:])] == pytest.approx([0.8] * 3)
+
+
+def test_eagle_3s_loss_is_the_decayed_sum_of_the_passes_kl():
+    """``regression_weight=0`` (``--no-feature-loss``) and ``decay=0.8`` (``--pass-decay``): the loss
+    is sum_j w_j KL_j exactly; with the feature loss back it is larger (the control)."""
+    torch.manual_seed(2)
+    net = FeatureDraftModel(feature_size=D, n_head=4, ffn_hidden=64, max_len=64)
+    head = torch.nn.Linear(D, 50, bias=False).requires_grad_(False)
+    feats, emb = torch.randn(2, L + 1, D), torch.randn(2, L, D)
+    out = feature_losses(net, feats, emb, head, unroll=3, kl_weight=1.0, step_wise=True, decay=0.8,
+                         regression_weight=0.0)
+    kl = [out[f"kl{j}"] for j in range(4)]
+    assert float(out["loss"]) == pytest.approx(sum(w * k for w, k in zip(pass_weights(4, 0.8), kl)), rel=1e-5)
+    with_features = feature_losses(net, feats, emb, head, unroll=3, kl_weight=1.0, step_wise=True, decay=0.8)
+    assert float(with_features["loss"]) > float(out["loss"]) + 0.01

@@ -196,4 +196,8 @@ def test_train_drafter_names_a_misplaced_fusion_or_unroll(tmp_path, capsys):
     assert "--unroll is the feature drafter's (--kind eagle), 0 or more; got -1" in capsys.readouterr().err
     assert main(["train-drafter", "--step-wise", "--out", out]) == 2
     assert "--step-wise is the feature drafter's (--kind eagle) and shapes its --unroll passes" in capsys.readouterr().err
+    assert main(["train-drafter", "--pass-decay", "0", "--out", out]) == 2
+    assert "--pass-decay is the feature drafter's (--kind eagle), above 0; got 0.0" in capsys.readouterr().err
+    assert main(["train-drafter", "--kind", "chimera", "--no-feature-loss", "--out", out]) == 2
+    assert "--no-feature-loss is the feature drafter's (--kind eagle)" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

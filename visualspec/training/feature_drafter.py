@@ -17,7 +17,8 @@ the same loss against the target. Without this the second and later drafts see i
 seen in training. By default a pass attends its own columns (a whole pass at a time, simplified);
 with ``step_wise`` it attends what a chain's draft attends, the real columns before the chain and
 the chain's drafts so far (EAGLE-3's training-time test,
-:meth:`~visualspec.models.feature_drafter.FeatureDraftModel.chain_passes`).
+:meth:`~visualspec.models.feature_drafter.FeatureDraftModel.chain_passes`). EAGLE-3 also weights
+pass j by 0.8^j and drops the feature loss: ``pass_decay`` and ``regression_weight``.
 
 **Several of its layers (EAGLE-3's fusion).** With ``feature_layers`` the drafter reads the
 target's hidden states at those indices side by side, fused by its ``reduce`` layer, instead of
@@ -55,10 +56,17 @@ class DrafterRecipe:
     kl_weight: float = 1.0
     unroll: int = 1  # extra passes on the drafter's own predicted features
     step_wise: bool = False  # the passes attend as a decode chain's drafts do (EAGLE-3), not their own columns
+    pass_decay: float = 1.0  # pass j's share of the loss is pass_decay ** j, normalised (EAGLE-3: 0.8)
+    regression_weight: float = 1.0  # the smooth-L1 feature loss's weight (EAGLE-3: 0, the KL alone)
     checkpoint_seconds: float = 300.0
     # the target's hidden states the drafter fuses (EAGLE-3), indices of transformers' hidden_states;
     # None: the last one alone (EAGLE)
     feature_layers: list[int] | None = field(default=None)
+
+    def loss_options(self) -> dict:
+        """The keyword arguments of :func:`feature_losses` this recipe sets."""
+        return dict(unroll=self.unroll, kl_weight=self.kl_weight, step_wise=self.step_wise, decay=self.pass_decay,
+                    regression_weight=self.regression_weight)
 
 
 @dataclass
@@ -69,12 +77,20 @@ class FeatureDrafterConfig(DrafterRecipe):
     max_files: int = 0  # 0: every training file of the pair (tests use a few)
 
 
+def pass_weights(passes: int, decay: float) -> list[float]:
+    """Each pass's share of the loss: w_j = decay^j / sum_i decay^i, j = 0..passes-1 (decay 1: the mean)."""
+    raw = [decay ** j for j in range(passes)]
+    return [w / sum(raw) for w in raw]
+
+
 def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: int, kl_weight: float,
-                   fused: torch.Tensor | None = None, step_wise: bool = False) -> dict:
+                   fused: torch.Tensor | None = None, step_wise: bool = False, decay: float = 1.0,
+                   regression_weight: float = 1.0) -> dict:
     """EAGLE's loss for a drafter ``net`` over L pairs: ``emb`` (B, L, D) the target's embeddings of
     the pairs' tokens, ``feats`` (B, L + 1, D) the target's features, pair c reading ``feats[:, c]``
-    and predicting ``feats[:, c + 1]`` (and its distribution under ``head``); averaged over the
-    teacher-forced pass and ``unroll`` passes on predicted features (see the module). ``fused``
+    and predicting ``feats[:, c + 1]`` (and its distribution under ``head``), ``regression_weight``
+    x smooth L1 + ``kl_weight`` x KL; over the teacher-forced pass and ``unroll`` passes on
+    predicted features (see the module), weighted by :func:`pass_weights` with ``decay``. ``fused``
     (B, L + 1, nD): the hidden states a drafter with ``feature_layers`` reads instead of ``feats``
     (through its ``intake``), column for column. ``step_wise``: the passes of
     :meth:`~visualspec.models.feature_drafter.FeatureDraftModel.chain_passes`."""
@@ -84,27 +100,27 @@ def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: in
     read = feats if fused is None else net.intake(fused.float().detach())
     inputs, total, parts = read[:, :-1], 0.0, {}
     passes = net.chain_passes(emb, inputs, unroll) if step_wise else None
-    for i in range(1 + unroll):
+    for i, weight in enumerate(pass_weights(1 + unroll, decay)):
         g = passes[i] if step_wise else net(emb, inputs)
         regression = F.smooth_l1_loss(g, feats[:, 1:])
         kl = F.kl_div(head(g).float().log_softmax(-1), log_p, log_target=True, reduction="batchmean") / g.shape[1]
-        total = total + regression + kl_weight * kl
+        total = total + weight * (regression_weight * regression + kl_weight * kl)
         parts[f"kl{i}"] = kl.item()
         # the next pass reads, at pair c, the prediction for pair c - 1 (the first pair keeps its own)
         inputs = torch.cat([read[:, :1], g[:, :-1]], 1)
-    return {"loss": total / (1 + unroll), **parts}
+    return {"loss": total, **parts}
 
 
-def text_losses(net, target, tokens: torch.Tensor, unroll: int, kl_weight: float, step_wise: bool = False) -> dict:
-    """:func:`feature_losses` on token windows (B, T+1) of a transformers causal LM ``target``:
-    pair c = (x_c, f_{c-1}), c = 1..T."""
+def text_losses(net, target, tokens: torch.Tensor, **options) -> dict:
+    """:func:`feature_losses` (with its keyword ``options``) on token windows (B, T+1) of a
+    transformers causal LM ``target``: pair c = (x_c, f_{c-1}), c = 1..T."""
     layers = net.config.feature_layers
     with torch.no_grad():
         out = target.base_model(input_ids=tokens, output_hidden_states=bool(layers))
         feats = out.last_hidden_state  # f_0..f_T
         fused = torch.cat([out.hidden_states[i] for i in layers], -1) if layers else None
         emb = target.get_input_embeddings()(tokens[:, 1:])
-    return feature_losses(net, feats, emb, target.get_output_embeddings(), unroll, kl_weight, fused, step_wise)
+    return feature_losses(net, feats, emb, target.get_output_embeddings(), fused=fused, **options)
 
 
 def chimera_losses(net, target, tokens: torch.Tensor, kl_weight: float) -> dict:
@@ -158,8 +174,7 @@ def train_text_feature_drafter(pair: str | None, out: str, work_dir: str, cfg: F
 
     cfg = cfg or FeatureDrafterConfig()
     return _train_text_drafter(pair, out, work_dir, cfg, FeatureDraftModel,
-                               lambda net, target, x: text_losses(net, target, x, cfg.unroll, cfg.kl_weight,
-                                                                  cfg.step_wise),
+                               lambda net, target, x: text_losses(net, target, x, **cfg.loss_options()),
                                "feature drafter", "visualspec train-drafter", progress,
                                feature_layers=cfg.feature_layers)
 
@@ -286,7 +301,7 @@ def train_image_feature_drafter(model: str | None, out: str, work_dir: str,
             feats = gpt(captions, tokens, cond_mask=mask, drop_condition=drop, features=request)  # row c predicts x_c
             fused, feats = (feats[..., :-dim], feats[..., -dim:]) if cfg.feature_layers else (None, feats)
             emb = gpt.tok_embeddings(tokens[:, :-1])
-        return feature_losses(net, feats, emb, gpt.head, cfg.unroll, cfg.kl_weight, fused, cfg.step_wise)
+        return feature_losses(net, feats, emb, gpt.head, fused=fused, **cfg.loss_options())
 
     return _train(net, cfg, batch_losses, "image feature drafter", work, out, device, t0,
                   "visualspec train-drafter --model", progress, model=str(folder))

@@ -56,6 +56,12 @@ def register(sub, common) -> None:
     t.add_argument("--step-wise", action="store_true",
                    help="--kind eagle with --unroll: each pass attends as a decode chain's draft does, the real "
                         "columns before the chain and the drafts so far (EAGLE-3), not its own columns")
+    t.add_argument("--pass-decay", type=float, metavar="D",
+                   help="--kind eagle: pass j's share of the loss is D**j, normalised (default 1, the mean; "
+                        "EAGLE-3 uses 0.8)")
+    t.add_argument("--no-feature-loss", action="store_true",
+                   help="--kind eagle: the KL to the target's distribution alone, without the smooth-L1 loss on "
+                        "its features (EAGLE-3)")
     t.set_defaults(func=checked(train_drafter))
 
     t = sub.add_parser("train-judge", parents=[common],
@@ -187,6 +193,14 @@ def train_drafter(args) -> int:
             raise ValueError("--step-wise is the feature drafter's (--kind eagle) and shapes its --unroll passes: "
                              "give --unroll 1 or more")
         overrides["step_wise"] = True
+    if args.pass_decay is not None:
+        if args.kind != "eagle" or not args.pass_decay > 0:
+            raise ValueError(f"--pass-decay is the feature drafter's (--kind eagle), above 0; got {args.pass_decay}")
+        overrides["pass_decay"] = args.pass_decay
+    if args.no_feature_loss:
+        if args.kind != "eagle":
+            raise ValueError("--no-feature-loss is the feature drafter's (--kind eagle)")
+        overrides["regression_weight"] = 0.0
     if args.kind == "kangaroo":
         from ...training.kangaroo import KangarooConfig, train_kangaroo
 
