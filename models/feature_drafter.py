@@ -75,28 +75,32 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
         x = self.fuse(embeddings, features)
         return self.layer(x, rotary(self.rope[:x.shape[1]], x.dtype), None)
 
-    def chain_passes(self, embeddings: torch.Tensor, features: torch.Tensor, passes: int) -> list[torch.Tensor]:
-        """Training-time test (EAGLE-3): the teacher-forced pass (:meth:`forward`) and ``passes``
-        more, each as a decode chain's later drafts see their context -> each pass's predicted
-        features (B, L, D).
+    def unrolled_passes(self, embeddings: torch.Tensor, features: torch.Tensor, passes: int,
+                        step_wise: bool = False) -> list[torch.Tensor]:
+        """Training: the teacher-forced pass (:meth:`forward`) and ``passes`` more on the drafter's
+        own predictions -> each pass's predicted features (B, L, D). Pass j >= 1 reads at column c
+        the feature pass j - 1 predicted at column c - 1 (column 0 keeps its own), as the j-th draft
+        of a chain reads the one before it.
 
-        Pass j >= 1 reads at column c the feature pass j - 1 predicted at column c - 1 (column 0
-        keeps its own), as the j-th draft of a chain reads the one before it; and it attends what
-        that draft attends (:func:`chain_attention_mask`): the real columns up to c - j (pass 0's
-        keys) and, for 1 <= i <= j, pass i's key at column c - j + i, the chain's drafts so far.
-        The keys of earlier passes are reused, not recomputed."""
+        It attends its own columns, causally (a whole pass at a time), or with ``step_wise`` what
+        that draft attends (EAGLE-3's training-time test, :func:`chain_attention_mask`): the real
+        columns up to c - j (pass 0's keys) and, for 1 <= i <= j, pass i's key at column c - j + i,
+        the chain's drafts so far; earlier passes' keys are reused, not recomputed."""
         L = embeddings.shape[1]
         layer, attention = self.layer, self.layer.attention
         rope = rotary(self.rope[:L], embeddings.dtype)
         keys, values, outs, inputs = [], [], [], features
         for j in range(1 + passes):
-            x = self.fuse(embeddings, inputs)
-            q, k, v = attention.project(layer.attention_norm(x), rope)
-            keys.append(k)
-            values.append(v)
-            mask = chain_attention_mask(L, j, x.device)
-            x = x + attention.output(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
-            outs.append(x + layer.feed_forward(layer.ffn_norm(x)))
+            if step_wise:
+                x = self.fuse(embeddings, inputs)
+                q, k, v = attention.project(layer.attention_norm(x), rope)
+                keys.append(k)
+                values.append(v)
+                mask = chain_attention_mask(L, j, x.device)
+                x = x + attention.output(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+                outs.append(x + layer.feed_forward(layer.ffn_norm(x)))
+            else:
+                outs.append(self(embeddings, inputs))
             inputs = torch.cat([features[:, :1], outs[-1][:, :-1]], 1)
         return outs
 
@@ -307,7 +311,7 @@ class FeatureDraftModel(ModelMixin, ConfigMixin):
 
 
 def chain_attention_mask(length: int, j: int, device=None) -> torch.Tensor:
-    """What pass j of :meth:`FeatureDraftModel.chain_passes` attends: a (length, (j + 1) length)
+    """What pass j of :meth:`FeatureDraftModel.unrolled_passes` attends step-wise: a (length, (j + 1) length)
     bool mask, query column c against key column s of pass i (key index i * length + s), True where
     (i = 0 and s <= c - j) or (1 <= i <= j and s = c - j + i)."""
     c = torch.arange(length, device=device)[:, None]

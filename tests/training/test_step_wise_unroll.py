@@ -1,5 +1,5 @@
 """EAGLE-3's training-time test (``train-drafter --unroll N --step-wise``): each unrolled pass of
-:meth:`FeatureDraftModel.chain_passes` computes exactly what the drafter computes for the same draft
+:meth:`FeatureDraftModel.unrolled_passes` computes exactly what the drafter computes for the same draft
 of a decode chain, through its cache; the whole-pass unroll it replaces does not (the control)."""
 
 import pytest
@@ -36,7 +36,7 @@ def decode_chain(net, emb, feats, m, drafts):
 @torch.no_grad()
 def test_each_pass_is_what_a_decode_chain_computes_at_that_depth(net):
     emb, feats = torch.randn(2, L, D), torch.randn(2, L, D)
-    passes = net.chain_passes(emb, feats, PASSES)
+    passes = net.unrolled_passes(emb, feats, PASSES, step_wise=True)
     assert torch.allclose(passes[0], net(emb, feats), atol=1e-6)  # pass 0 is the teacher-forced forward
     for m in (1, 3, 6):  # real columns before the chain
         chain = decode_chain(net, emb, feats, m, PASSES)
@@ -50,12 +50,9 @@ def test_control_the_whole_pass_unroll_attends_predicted_columns_and_differs(net
     but not the same context: from depth 1 on it is not what decoding computes."""
     emb, feats = torch.randn(2, L, D), torch.randn(2, L, D)
     chain = decode_chain(net, emb, feats, 3, 2)
-    inputs = feats
-    for j in range(3):
-        g = net(emb, inputs)
+    for j, g in enumerate(net.unrolled_passes(emb, feats, 2)):
         same = torch.allclose(g[:, 2 + j], chain[j], atol=1e-5)
         assert same == (j == 0), j
-        inputs = torch.cat([feats[:, :1], g[:, :-1]], 1)
 
 
 def test_the_mask_follows_its_formula():

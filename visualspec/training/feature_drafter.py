@@ -17,7 +17,7 @@ the same loss against the target. Without this the second and later drafts see i
 seen in training. By default a pass attends its own columns (a whole pass at a time, simplified);
 with ``step_wise`` it attends what a chain's draft attends, the real columns before the chain and
 the chain's drafts so far (EAGLE-3's training-time test,
-:meth:`~visualspec.models.feature_drafter.FeatureDraftModel.chain_passes`). EAGLE-3 also weights
+:meth:`~visualspec.models.feature_drafter.FeatureDraftModel.unrolled_passes`). EAGLE-3 also weights
 pass j by 0.8^j and drops the feature loss: ``pass_decay`` and ``regression_weight``.
 
 **Several of its layers (EAGLE-3's fusion).** With ``feature_layers`` the drafter reads the
@@ -92,22 +92,20 @@ def feature_losses(net, feats: torch.Tensor, emb: torch.Tensor, head, unroll: in
     x smooth L1 + ``kl_weight`` x KL; over the teacher-forced pass and ``unroll`` passes on
     predicted features (see the module), weighted by :func:`pass_weights` with ``decay``. ``fused``
     (B, L + 1, nD): the hidden states a drafter with ``feature_layers`` reads instead of ``feats``
-    (through its ``intake``), column for column. ``step_wise``: the passes of
-    :meth:`~visualspec.models.feature_drafter.FeatureDraftModel.chain_passes`."""
+    (through its ``intake``), column for column. The passes are the network's
+    :meth:`~visualspec.models.feature_drafter.FeatureDraftModel.unrolled_passes` (``step_wise``:
+    attending as a decode chain's drafts do)."""
     feats, emb = feats.float().detach(), emb.float().detach()
     with torch.no_grad():
         log_p = head(feats[:, 1:]).float().log_softmax(-1)
     read = feats if fused is None else net.intake(fused.float().detach())
-    inputs, total, parts = read[:, :-1], 0.0, {}
-    passes = net.chain_passes(emb, inputs, unroll) if step_wise else None
-    for i, weight in enumerate(pass_weights(1 + unroll, decay)):
-        g = passes[i] if step_wise else net(emb, inputs)
+    total, parts = 0.0, {}
+    passes = net.unrolled_passes(emb, read[:, :-1], unroll, step_wise)
+    for i, (g, weight) in enumerate(zip(passes, pass_weights(1 + unroll, decay))):
         regression = F.smooth_l1_loss(g, feats[:, 1:])
         kl = F.kl_div(head(g).float().log_softmax(-1), log_p, log_target=True, reduction="batchmean") / g.shape[1]
         total = total + weight * (regression_weight * regression + kl_weight * kl)
         parts[f"kl{i}"] = kl.item()
-        # the next pass reads, at pair c, the prediction for pair c - 1 (the first pair keeps its own)
-        inputs = torch.cat([read[:, :1], g[:, :-1]], 1)
     return {"loss": total, **parts}
 
 

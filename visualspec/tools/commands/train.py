@@ -169,6 +169,28 @@ def train_arena(args) -> int:
     return 0
 
 
+def _eagle_overrides(args) -> dict:
+    """The feature drafter's recipe options given on the command line, checked: each is ``--kind
+    eagle``'s alone, and its value in range."""
+    given = {"--feature-layers": args.feature_layers is not None, "--unroll": args.unroll is not None,
+             "--step-wise": args.step_wise, "--pass-decay": args.pass_decay is not None,
+             "--no-feature-loss": args.no_feature_loss}
+    misplaced = [name for name, on in given.items() if on]
+    if misplaced and args.kind != "eagle":
+        raise ValueError(f"{misplaced[0]} is the feature drafter's (--kind eagle)")
+    if args.unroll is not None and args.unroll < 0:
+        raise ValueError(f"--unroll is the feature drafter's (--kind eagle), 0 or more; got {args.unroll}")
+    if args.step_wise and not args.unroll:
+        raise ValueError("--step-wise is the feature drafter's (--kind eagle) and shapes its --unroll passes: "
+                         "give --unroll 1 or more")
+    if args.pass_decay is not None and not args.pass_decay > 0:
+        raise ValueError(f"--pass-decay is the feature drafter's (--kind eagle), above 0; got {args.pass_decay}")
+    options = {"feature_layers": args.feature_layers, "unroll": args.unroll, "pass_decay": args.pass_decay,
+               "step_wise": True if args.step_wise else None,
+               "regression_weight": 0.0 if args.no_feature_loss else None}
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def train_drafter(args) -> int:
     from ...training.feature_drafter import (FeatureDrafterConfig, ImageFeatureDrafterConfig, train_image_feature_drafter,
                                              train_text_feature_drafter)
@@ -180,27 +202,7 @@ def train_drafter(args) -> int:
                                                    f"train-drafter-{args.kind}"))
     if args.exit_layer is not None and args.kind != "kangaroo":
         raise ValueError("--exit-layer is Kangaroo's (--kind kangaroo)")
-    if args.feature_layers is not None:
-        if args.kind != "eagle":
-            raise ValueError("--feature-layers is the feature drafter's (--kind eagle)")
-        overrides["feature_layers"] = args.feature_layers
-    if args.unroll is not None:
-        if args.kind != "eagle" or args.unroll < 0:
-            raise ValueError(f"--unroll is the feature drafter's (--kind eagle), 0 or more; got {args.unroll}")
-        overrides["unroll"] = args.unroll
-    if args.step_wise:
-        if args.kind != "eagle" or not args.unroll:
-            raise ValueError("--step-wise is the feature drafter's (--kind eagle) and shapes its --unroll passes: "
-                             "give --unroll 1 or more")
-        overrides["step_wise"] = True
-    if args.pass_decay is not None:
-        if args.kind != "eagle" or not args.pass_decay > 0:
-            raise ValueError(f"--pass-decay is the feature drafter's (--kind eagle), above 0; got {args.pass_decay}")
-        overrides["pass_decay"] = args.pass_decay
-    if args.no_feature_loss:
-        if args.kind != "eagle":
-            raise ValueError("--no-feature-loss is the feature drafter's (--kind eagle)")
-        overrides["regression_weight"] = 0.0
+    overrides.update(_eagle_overrides(args))
     if args.kind == "kangaroo":
         from ...training.kangaroo import KangarooConfig, train_kangaroo
 
