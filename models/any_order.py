@@ -89,7 +89,8 @@ class AnyOrderGPT(LlamaGenGPT):
         """An any-order model that starts from a raster GPT's weights (its queries zero)."""
         if isinstance(raster, AnyOrderGPT) or not isinstance(raster, LlamaGenGPT):
             raise ValueError(f"from_raster takes a raster LlamaGenGPT, got {type(raster).__name__}")
-        model = cls(**dict(raster.config))
+        # SJD2's noised inputs (a raster GPT's denoising_steps) are a raster decode's, not an any-order one's
+        model = cls(**{k: v for k, v in raster.config.items() if k != "denoising_steps"})
         missing, unexpected = model.load_state_dict(raster.state_dict(), strict=False)
         if unexpected or set(missing) != {"query_embeddings.weight"}:
             raise ValueError(f"not a LlamaGen GPT of this shape: missing {missing}, unexpected {unexpected}")

@@ -25,7 +25,8 @@ square" and "a blue circle and a red square" then give the same set of caption f
 
 Besides the training forward, the model implements the decode engine's token-model protocol
 (:class:`visualspec.core.engine.TokenModel`): ``prefill``, ``forward_window`` and ``crop`` over a
-static KV cache.
+static KV cache. Both forwards also take noised inputs (``noise=``, :meth:`LlamaGenGPT.embed_noised`):
+SJD2's drafts, for a GPT fine-tuned for them (``denoising_steps`` > 0 in its config).
 """
 
 from __future__ import annotations
@@ -232,6 +233,16 @@ def rope_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int, pref
     return torch.cat([head, table])
 
 
+def noised_embeddings(embeddings: torch.Tensor, levels: torch.Tensor, eps: torch.Tensor,
+                      sigma: torch.Tensor) -> torch.Tensor:
+    """SJD2's noisy token inputs (next-clean-token prediction, arXiv 2510.08994): at noise level
+    ``s`` (B, L) in [0, 1], ``x = (1 - s) e + s sigma eps``, with ``e`` (B, L, D) the token's
+    embedding, ``eps`` (B, L, D) standard normal and ``sigma`` the embedding table's standard
+    deviation (pure noise, ``s = 1``, is as large as a token's embedding); ``s = 0`` leaves ``e``."""
+    s = levels[..., None].to(embeddings.dtype)
+    return (1 - s) * embeddings + s * sigma.to(embeddings.dtype) * eps.to(embeddings.dtype)
+
+
 def rotary(rope: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The (cos, sin) factors of :func:`visualspec.models.rotary.apply_rope`, each (1 or B, L, 1, head_dim/2), from a rope
     table's rows (L, head_dim/2, 2) or per-row rows (B, L, head_dim/2, 2). Made once per forward
@@ -265,6 +276,7 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         block_size: int = 256,
         prefix_rope: str = "zeros",
         caption_positions: bool = False,
+        denoising_steps: int = 0,
     ):
         super().__init__()
         if model_type not in ("c2i", "t2i"):
@@ -364,16 +376,18 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     # ------------------------------------------------------------------ training forward
 
-    def forward(self, cond, tokens, cond_mask=None, drop_condition=None, features: bool | tuple = False):
+    def forward(self, cond, tokens, cond_mask=None, drop_condition=None, features: bool | tuple = False, noise=None):
         """Teacher-forced logits (B, N, V) for image tokens (B, N): row i predicts token i.
 
         ``cond_mask`` (B, cls_token_num) marks valid caption positions (t2i); ``drop_condition``
         (B,) bool replaces the condition by the null one (classifier-free guidance training).
         ``features``: the hidden states (B, N, D) the head reads instead (row i's predicts token i),
-        or those a tuple of indices names, side by side (:meth:`_states`).
+        or those a tuple of indices names, side by side (:meth:`_states`). ``noise``: ``(levels (B,
+        N - 1), eps (B, N - 1, D))``, the inputs tokens[:, :-1] noised (:meth:`embed_noised`; SJD2's
+        training, where row i still predicts the clean token i).
         """
         prefix = self.embed_condition(cond, drop_condition)
-        x = torch.cat([prefix, self.tok_embeddings(tokens[:, :-1])], dim=1)
+        x = torch.cat([prefix, self.embed_noised(tokens[:, :-1], noise)], dim=1)
         T = x.shape[1]
         mask = None
         if cond_mask is not None:
@@ -443,8 +457,11 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
 
     #: :meth:`forward_window` takes ``post`` (the engine's sampling, run inside the step)
     takes_post = True
+    #: :meth:`forward_window` takes ``noise=`` (SJD2's noised inputs, :meth:`embed_noised`)
+    takes_noise = True
 
-    def forward_window(self, tokens: torch.Tensor, start, features: bool | tuple = False, post=None, post_args=()):
+    def forward_window(self, tokens: torch.Tensor, start, features: bool | tuple = False, post=None, post_args=(),
+                       noise=None):
         """Image tokens (B, L), row b at image positions start[b]..start[b]+L-1 (``start`` an int or
         (B,) tensor) -> logits (B, L, V) (with ``features``, and the hidden states (B, L, D) the head
         read). Positions past the last image token are clamped to it: they are fillers of rows that
@@ -454,12 +471,19 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         compiled graph where the step is compiled (the engine's :class:`~visualspec.core.sampling.
         StepSampler`), and its result is returned in their place; ``post_args`` are tensors of one
         row per model row (or None), padded with zeros as the step pads its rows; it may return a
-        tuple of such tensors. ``post`` must be hashable: each distinct one gets its own graphs."""
+        tuple of such tensors. ``post`` must be hashable: each distinct one gets its own graphs.
+
+        ``noise``: ``(levels (B, L), eps (B, L, D))``, the window's inputs noised (:meth:`embed_noised`:
+        SJD2's drafts past the verified ones); such a window runs eagerly."""
         if self._cache is None:
             raise RuntimeError("call prefill() before forward_window()")
         B, L = tokens.shape[:2]  # (B, L) token ids, or (B, L, D) continuous tokens of a subclass
         start = torch.as_tensor(start, device=tokens.device).expand(B)
         pos = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(max=self._max_new - 1)
+        if noise is not None:
+            if post is not None or features:
+                raise ValueError("a noised window (noise=) runs eagerly, without a post step or features")
+            return self._run(self.embed_noised(tokens, noise), self.config.cls_token_num + pos)
         if self._compiled and L <= COMPILED_WINDOWS and 2 * B > self._key_valid.shape[0]:
             return self._compiled_window(tokens, pos, features, post, post_args)
         return self._step(tokens, pos, None, features, post, *post_args)
@@ -480,6 +504,14 @@ class LlamaGenGPT(ModelMixin, ConfigMixin):
         slots (default: as :meth:`_run` decides)."""
         return self._run(self.tok_embeddings(tokens), self.config.cls_token_num + pos, attended=attended,
                          features=features)
+
+    def embed_noised(self, tokens: torch.Tensor, noise=None) -> torch.Tensor:
+        """The embeddings of ``tokens`` (B, L), noised where ``noise`` = ``(levels (B, L), eps (B, L,
+        D))`` says (:func:`noised_embeddings`, at the embedding table's standard deviation)."""
+        x = self.tok_embeddings(tokens)
+        if noise is None:
+            return x
+        return noised_embeddings(x, *noise, self.tok_embeddings.weight.detach().float().std())
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """The image-token embeddings of ``tokens`` (what a feature drafter reads beside the features)."""

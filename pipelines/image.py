@@ -37,7 +37,8 @@ from ..core.stats import DecodeStats
 from ..core.verify import default_rule, gsd_verify, lantern_verify
 from ..core.window import WINDOWS, prefix_rows
 from ..core.window_costs import step_policy, step_tag, window_policy
-from ..drafters import INIT_SCHEMES, DraftModelDrafter, FeatureDrafter, HybridDrafter, JacobiDrafter
+from ..drafters import (INIT_SCHEMES, DenoisingJacobiDrafter, DraftModelDrafter, FeatureDrafter, HybridDrafter,
+                       JacobiDrafter)
 from ..models.feature_drafter import check_target, weights_hash
 from ..models.judge import check_judge
 from .base import VisualSpecPipeline
@@ -209,7 +210,9 @@ def window_lengths(window) -> list[int]:
 
 # ---------------------------------------------------------------------- token decodings
 
-DRAFTS = ("jacobi", "feature", "hybrid", "draft_model")  # what drafts, for the decodings whose rule takes any drafts
+# what drafts, for the decodings whose rule takes any drafts
+DRAFTS = ("jacobi", "feature", "hybrid", "draft_model", "denoising")
+DENOISING_WINDOW = 32  # drafts="denoising" (SJD2): its fixed window, where a call asks for "auto"
 HYBRID_FEATURE_DEPTH = 1  # drafts="hybrid": positions the feature drafter drafts, where a folder sets none
 FEATURE_DRAFTS = ("feature", "hybrid")  # the drafts a feature drafter makes (all, or the first of each window)
 DEFAULT_DRAFTS = {"sjd": "jacobi", "lantern": "jacobi", "gsd": "jacobi", "judge": "jacobi",
@@ -228,6 +231,7 @@ TOKEN_BENCH_MODES = {
     "feature": dict(decoding="feature"),
     "sjd+feature": dict(decoding="sjd", drafts="feature"),  # +feature: a relaxed rule over the feature drafter's drafts
     "sjd+hybrid": dict(decoding="sjd", drafts="hybrid"),  # +hybrid: the feature drafter's first drafts, Jacobi's after
+    "sjd+denoising": dict(decoding="sjd", drafts="denoising"),  # SJD2: noised Jacobi drafts (a fine-tuned transformer)
 }
 
 
@@ -335,12 +339,14 @@ class TokenImagePipeline(ImagePipeline):
                        lantern_lambda: float | None = None, gsd_group_size: int = 0,
                        gsd_max_distance: float | None = None, draft: tuple | None = None, feature: tuple | None = None,
                        drafts: str | None = None, judge: tuple | None = None,
-                       feature_depth: int = HYBRID_FEATURE_DEPTH):
+                       feature_depth: int = HYBRID_FEATURE_DEPTH, target=None):
         """``(drafter, rule)`` of ``decoding`` for every token pipeline: Jacobi drafts for sjd,
         lantern and gsd (or ``drafts="feature"`` / ``"hybrid"`` / ``"draft_model"``'s); a draft model's (``draft``:
         ``(model, prefix)``) for speculative; a feature drafter's (``feature``: ``(drafter network,
         target)``) for feature; for ``"hybrid"`` the feature drafter's first ``feature_depth`` drafts
-        and Jacobi's past them (:class:`~visualspec.drafters.HybridDrafter`); the
+        and Jacobi's past them (:class:`~visualspec.drafters.HybridDrafter`); for ``"denoising"``
+        SJD2's noised Jacobi drafts for ``target``, a model fine-tuned for them
+        (:class:`~visualspec.drafters.DenoisingJacobiDrafter`); the
         exact rule, or LANTERN's (``lantern_k`` nearest codes of :meth:`neighbour_table`, budget
         ``lantern_delta`` or ``lantern_lambda``) or GSD's (groups over :meth:`code_vectors`), or a
         judge's (``judge``: ``(judge head, target, threshold)``, :class:`visualspec.core.judge.JudgeRule`).
@@ -351,6 +357,8 @@ class TokenImagePipeline(ImagePipeline):
             drafter = JacobiDrafter(vocab_size, jacobi_init, grid_width=grid_width, coupling=coupling)
         elif kind == "draft_model":
             drafter = DraftModelDrafter(*draft)
+        elif kind == "denoising":
+            drafter = DenoisingJacobiDrafter.for_target(target)
         elif kind in FEATURE_DRAFTS:
             check_target(feature[0], feature[1], feature[1].feature_size)
             drafter = FeatureDrafter(*feature)

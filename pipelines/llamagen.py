@@ -15,7 +15,7 @@ from ..core.window import WINDOWS
 from ..models.llamagen import LlamaGenGPT
 from ..models.llamagen_vq import LlamaGenVQModel, nearest_codes
 from .base import register_pipeline
-from .image import (DEFAULT_DRAFTS, DRAFTS, FEATURE_DRAFTS, HYBRID_FEATURE_DEPTH, TOKEN_BENCH_MODES,
+from .image import (DEFAULT_DRAFTS, DENOISING_WINDOW, DRAFTS, FEATURE_DRAFTS, HYBRID_FEATURE_DEPTH, TOKEN_BENCH_MODES,
                     PromptConditioning, TokenImagePipeline, check_draft_compatible, window_lengths, window_policy)
 
 
@@ -127,7 +127,10 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         - ``drafts``: what drafts for ``"sjd"``, ``"lantern"``, ``"gsd"`` and ``"judge"``: ``"jacobi"`` (the
           default), ``"feature"`` (the feature drafter: LANTERN or GSD over learned drafts),
           ``"hybrid"`` (the feature drafter's first ``feature_depth`` drafts of each window, Jacobi's
-          past them) or ``"draft_model"``; the rule stays the decoding's.
+          past them), ``"draft_model"`` or ``"denoising"`` (SJD2: Jacobi drafts that enter as noise
+          and come clean over the transformer's ``denoising_steps`` forwards; for a transformer
+          fine-tuned by ``visualspec train-denoising``, eager, in a fixed window: ``"auto"`` is
+          16); the rule stays the decoding's.
         - ``feature_depth``: for ``drafts="hybrid"``, how many positions after the committed tokens
           the feature drafter drafts (>= 1). Default from the folder.
         - ``guidance_scale``, ``top_k``, ``epsilon_cutoff``, ``lantern_k``, ``lantern_delta`` and
@@ -172,7 +175,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         self.check_inputs(decoding, output_type, window, num_images_per_prompt, batch_size, d["jacobi_init"],
                           d["coupling"], d["lantern_k"], d["lantern_delta"], lantern_lambda, d["gsd_group_size"],
                           d["gsd_max_distance"], d["siblings"], d["sibling_depth"], drafts, judge_threshold,
-                          feature_depth)
+                          feature_depth, compile)
         drafts = drafts or DEFAULT_DRAFTS.get(decoding)
         features = drafts in FEATURE_DRAFTS
         judge = None
@@ -204,7 +207,9 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
             lantern_lambda=lantern_lambda, gsd_group_size=d["gsd_group_size"],
             gsd_max_distance=d["gsd_max_distance"], draft=draft,
             feature=(self.feature_drafter, model) if features else None, drafts=drafts, judge=judge,
-            feature_depth=d["feature_depth"])
+            feature_depth=d["feature_depth"], target=model)
+        if drafts == "denoising":  # its noised step runs eagerly, in a fixed window
+            compile, window = False, DENOISING_WINDOW if window == "auto" else window
         siblings, sibling_depth = d["siblings"], d["sibling_depth"]
         tree = drafter is not None and siblings > 1 and sibling_depth > 0
         compiled = compiled_step(model, compile, lambda r: prefix_of(model, list(range(r))), num_tokens, rows, slots)
@@ -250,7 +255,7 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
 
     def check_inputs(self, decoding, output_type, window, num_images_per_prompt, batch_size, jacobi_init, coupling,
                      lantern_k, lantern_delta, lantern_lambda, gsd_group_size, gsd_max_distance, siblings=1,
-                     sibling_depth=2, drafts=None, judge_threshold=None, feature_depth=None) -> None:
+                     sibling_depth=2, drafts=None, judge_threshold=None, feature_depth=None, compile="auto") -> None:
         """Raise a ValueError naming the first bad argument of :meth:`__call__`."""
         self.check_token_options(decoding, window, jacobi_init, coupling, lantern_k, lantern_delta, lantern_lambda)
         self.check_common(output_type, num_images_per_prompt, batch_size)
@@ -275,6 +280,18 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                              "decode with Jacobi drafts ('sjd')")
         if drafts in FEATURE_DRAFTS and siblings > 1:
             raise ValueError(f"{drafts} drafts are chains; proactive drafting (siblings > 1) needs siblings=1")
+        if drafts == "denoising":
+            if decoding not in ("sjd", "lantern", "gsd"):
+                raise ValueError(f"drafts='denoising' is for decoding 'sjd', 'lantern' or 'gsd', not {decoding!r}")
+            if not self.transformer.config.denoising_steps:
+                raise ValueError("drafts='denoising' (SJD2) needs a transformer fine-tuned for noisy inputs "
+                                 "(visualspec train-denoising); this one has no denoising_steps")
+            if siblings > 1:
+                raise ValueError("drafts='denoising' feeds a noised tail, not trees: use siblings=1")
+            if compile is True:
+                raise ValueError("drafts='denoising' runs its noised step eagerly: use compile=False or 'auto'")
+            if hasattr(window, "search"):
+                raise ValueError("drafts='denoising' takes a fixed window (an integer or 'auto'), not a WindowPolicy")
         if feature_depth is not None:
             if drafts != "hybrid":
                 raise ValueError(f"feature_depth is for drafts='hybrid', not {drafts!r}")

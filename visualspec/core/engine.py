@@ -324,6 +324,9 @@ def decode(
     if tree and not hasattr(target, "forward_tree"):
         raise TypeError(f"{type(target).__name__} has no forward_tree(); proactive drafting (siblings > 1) "
                         f"needs a token model with tree attention")
+    if hasattr(window, "search") and getattr(drafter, "noised_tail", False):
+        raise ValueError(f"{type(drafter).__name__} feeds a noised tail after its drafts: give it a fixed window "
+                         f"(an integer), not a window policy")
     rule = rule or default_rule(sampling)
     run = _Run(target, prefix, num_tokens, sampling, drafter=drafter, rule=rule, generator=generator,
                mode=mode or ("ar" if drafter is None else type(drafter).__name__), progress=progress,
@@ -362,7 +365,7 @@ def decode(
         # keep the cache and the drafter in step
         if tree_step:
             run.keep(path, counts)
-        elif k:  # a step without drafts keeps every position it fed: nothing to crop
+        elif k or run.tail is not None:  # a step without drafts or a tail keeps every position it fed
             run.crop(n, counts)
         if not fused and drafter is not None:  # a fused step updated the drafter itself
             drafter.observe(n, counts, target_probs, gens, **({"features": features} if features is not None

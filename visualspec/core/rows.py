@@ -358,6 +358,16 @@ class _Run:
                                           features=self.features, commits=commits)
         self.step_fuses = fused_step(target, drafter, sampling, num_tokens, rule=rule, constraints=constraints,
                                      features=self.features)
+        # a drafter with a noised tail (SJD2) feeds unverified noisy inputs after its drafts: an eager step
+        self.noised_tail = drafter is not None and getattr(drafter, "noised_tail", False)
+        self.tail = None  # the latest proposal's tail (tokens, levels, eps), where the drafter has one
+        if self.noised_tail:
+            if not getattr(target, "takes_noise", False):
+                raise TypeError(f"{type(drafter).__name__} feeds noised inputs after its drafts, but "
+                                f"{type(target).__name__}'s forward_window takes no noise=")
+            if self.features or constraints is not None:
+                raise ValueError(f"{type(drafter).__name__}'s noised tail runs without features and constraints")
+            self.step_probs = self.step_verifies = self.step_fuses = None
         self._partner_rows = (None, -1)  # the guidance pairs of the model rows, and the batch size they are for
         self._tables = (None, -1)  # the constraints' tables in the model rows, and how many rows they are for
         if self.features and not hasattr(target, "feature_size"):
@@ -456,6 +466,8 @@ class _Run:
         if self.drafter is None:
             return rows.seq.new_empty(len(rows), 0), None
         drafts, draft_probs = self.drafter.propose(rows.seq, rows.n, k, rows.generator)
+        if self.noised_tail:
+            self.tail = self.drafter.window_tail()
         if drafts.shape[1] and self.drafter.drafts_with_target:
             self.step_done()  # the drafts cost a forward of the target itself
             self.stats.query_forwards += 1
@@ -471,6 +483,12 @@ class _Run:
         ``post`` (``post=``, ``post_args=``) is handed to the target (:func:`step_sampler`)."""
         rows = self.rows
         window = torch.cat([rows.last(), drafts], 1) if drafts.shape[1] else rows.last()
+        if self.tail is not None and self.tail[0].shape[1]:  # a noised tail after the drafts (SJD2), unverified
+            tail, levels, eps = self.tail
+            clean = window.shape[1]
+            window = torch.cat([window, tail], 1)
+            post = {**post, "noise": (rows.model(torch.cat([levels.new_zeros(len(rows), clean), levels], 1)),
+                                      rows.model(torch.cat([eps.new_zeros(len(rows), clean, eps.shape[2]), eps], 1)))}
         out = self.target.forward_window(rows.model(window), rows.model(rows.n - 1), **self._feature_flag, **post)
         return out if self.features else (out, None)
 
@@ -479,7 +497,7 @@ class _Run:
         features or None)``, sampled inside the target's step where it can (:func:`step_sampler`)."""
         if self.step_probs is None:
             logits, features = self.forward_window(drafts)
-            return self.probs(logits, self.rows.positions(drafts.shape[1] + 1)), features
+            return self.probs(logits, self.rows.positions(logits.shape[1])), features
         probs, _ = self.forward_window(drafts, post=self.step_probs,
                                        post_args=(self._partners(), *self._constrained(self.rows.n)))
         return probs[:len(self.rows)], None
@@ -553,7 +571,8 @@ class _Run:
     def verify(self, drafts: torch.Tensor, draft_probs, target_probs: torch.Tensor, features):
         """The rule's verdict on ``drafts``; a rule that reads the target's features (a judge) gets
         the window's (``features``, model rows) of the sample rows, the conditional half under
-        guidance: (b, K + 1, D)."""
+        guidance: (b, K + 1, D). Distributions past K + 1 (a noised tail's) are not the rule's."""
+        target_probs = target_probs[:, :drafts.shape[1] + 1]
         if not self.rule_features:
             return self.rule(drafts, draft_probs, target_probs, self.rows.generator)
         return self.rule(drafts, draft_probs, target_probs, self.rows.generator,

@@ -14,13 +14,15 @@ restricted to a kept set of tokens, chosen e.g. with :func:`frequent_tokens`). C
 :class:`ChimeraDrafter` (Chimera's residual heads: several drafts from one pass over them) and
 :class:`HybridDrafter` (a feature drafter's drafts next to the committed tokens, Jacobi's past
 them); :class:`LookupFeatureDrafter` (text: prompt lookup's copies where the context repeats, a
-feature drafter's drafts elsewhere). Any-order models: :class:`AnySubsetDrafter` (ASSD's drafts
-of the next cells of the order, from the target itself).
+feature drafter's drafts elsewhere); :class:`DenoisingJacobiDrafter` (SJD2: Jacobi drafts that
+enter as noise and are denoised by a target fine-tuned for it). Any-order models:
+:class:`AnySubsetDrafter` (ASSD's drafts of the next cells of the order, from the target itself).
 """
 
 from ..core.engine import Drafter
 from .any_order import AnySubsetDrafter
 from .continuous import ContinuousDraftModelDrafter
+from .denoising import DenoisingJacobiDrafter
 from .feature import ChimeraDrafter, FeatureDrafter
 from .hybrid import HybridDrafter, LookupFeatureDrafter
 from .draft_model import DraftModelDrafter, VocabTrimDrafter, frequent_tokens, kept_token_ids
@@ -30,4 +32,5 @@ from .stand import StandDrafter
 
 __all__ = ["Drafter", "JacobiDrafter", "JacobiStep", "coupled_redraft", "INIT_SCHEMES", "DraftModelDrafter", "VocabTrimDrafter",
            "frequent_tokens", "kept_token_ids", "NGramDrafter", "StandDrafter", "ContinuousDraftModelDrafter",
-           "FeatureDrafter", "ChimeraDrafter", "HybridDrafter", "LookupFeatureDrafter", "AnySubsetDrafter"]
+           "FeatureDrafter", "ChimeraDrafter", "HybridDrafter", "LookupFeatureDrafter", "AnySubsetDrafter",
+           "DenoisingJacobiDrafter"]

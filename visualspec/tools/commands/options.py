@@ -81,7 +81,8 @@ IMAGE_OPTIONS = (
                              "measures them)"),
     ("drafts", str, "LlamaGen, for sjd, lantern and gsd: jacobi (default), feature (the folder's feature drafter: "
                     "LANTERN or GSD over learned drafts), hybrid (the feature drafter's first --feature-depth drafts, "
-                    "Jacobi's past them) or draft_model"),
+                    "Jacobi's past them), draft_model or denoising (SJD2's noised Jacobi drafts, for a model "
+                    "fine-tuned by train-denoising; eager, a fixed window)"),
     ("feature_depth", int, "--drafts hybrid: positions the feature drafter drafts in each window (default: the "
                            "model's own)"),
     ("coupling", on_off, "on or off: coupled Jacobi drafts (lossless; default: the model's own)"),

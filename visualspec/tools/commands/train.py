@@ -90,6 +90,18 @@ def register(sub, common) -> None:
     t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipe: see its card)")
     t.set_defaults(func=checked(train_any_order))
 
+    t = sub.add_parser("train-denoising", parents=[common],
+                       help="fine-tune a shapes-world LlamaGen pipeline's GPT for next-clean-token prediction from "
+                            "noisy inputs, for SJD2's drafts (drafts='denoising'; #50)")
+    t.add_argument("--model", default=None, help="the pipeline folder it starts from (default: the shipped "
+                                                 "assets/shapes-t2i)")
+    t.add_argument("--out", required=True, help="pipeline folder to write")
+    t.add_argument("--work-dir", default=str(home() / "train-denoising"), help="checkpoints; rerun to resume")
+    t.add_argument("--steps", type=int, help="optimisation steps (the study's recipe: 800)")
+    t.add_argument("--denoising-steps", type=int, help="noise levels a drafted position falls through, from pure "
+                                                       "noise to clean (the study's recipe: 4)")
+    t.set_defaults(func=checked(train_denoising))
+
     for name, func, what, out, seeded in (
             ("train-continuous", train_continuous, "train a continuous-token target and draft on the shapes world "
              "(CSpD)", "pipeline folder to write (target, draft, KL autoencoder, text encoder)", True),
@@ -262,6 +274,18 @@ def train_any_order(args) -> int:
 
     overrides = {"steps": args.steps} if args.steps is not None else {}
     train(args.model or str(SHAPES_T2I), args.out, args.work_dir, AnyOrderConfig(**overrides))
+    print(args.out)
+    return 0
+
+
+def train_denoising(args) -> int:
+    from ...training.denoising import DenoisingConfig, train_denoising_target
+
+    overrides = {k: v for k, v in (("steps", args.steps), ("denoising_steps", args.denoising_steps)) if v is not None}
+    for name, value in overrides.items():
+        if value < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    train_denoising_target(args.model, args.out, args.work_dir, DenoisingConfig(**overrides))
     print(args.out)
     return 0
 
