@@ -64,6 +64,31 @@ def test_greedy_output_equals_ar_with_continuous_batching():
     assert torch.equal(out, ar)
 
 
+class RecordingNoise:
+    """A target that records the noise levels of each window it is fed."""
+
+    def __init__(self, model):
+        self.model, self.levels = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward_window(self, tokens, start, noise=None, **kwargs):
+        self.levels.append(None if noise is None else noise[0].clone())
+        return self.model.forward_window(tokens, start, noise=noise, **kwargs)
+
+
+def test_the_tail_reaches_the_model_noised_after_clean_drafts():
+    model = RecordingNoise(target(steps=2))
+    drafter = Recording.for_target(model.model)
+    decode(model, torch.tensor([0, 1]), 16, SamplingConfig(temperature=0.0), drafter=drafter, window=8)
+    for (m, t), levels in zip(drafter.widths, model.levels):
+        # the last committed token and the m drafts clean; the tail's carried tokens noised by
+        # offset (levels 1/2, 1/2, 1, 1 past 4 clean drafts), positions nobody predicted pure noise
+        assert levels.shape[1] == 8 and bool((levels[:, :m + 1] == 0).all()) and bool((levels[:, m + 1:] > 0).all())
+    assert model.levels[1][0].tolist() == [0, 0, 0, 0, 0, 0.5, 0.5, 1]
+
+
 class NoisingTheLastInput:
     """A control target: the tail's noise moved one column earlier, onto the last verified input
     (the last draft, or the last committed token), whose output the rule reads."""
