@@ -75,6 +75,9 @@ def run_browser_benchmark(sessions=(1, 3), seconds: float = 10.0, model=None, wo
             results[f"{n} session{'s' if n > 1 else ''}"] = {
                 "fps_per_session": [round(c / elapsed, 1) for c in counts],
                 "mean_fps": round(sum(counts) / elapsed / n, 1),
+                # what each page says at the end ("Playing: ...", or "Stopped..." with the server's reason)
+                "status_per_session": [page.evaluate("() => document.getElementById('arena-status').textContent")
+                                       for page in pages],
             }
             for c in contexts:
                 c.close()

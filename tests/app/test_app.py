@@ -295,3 +295,70 @@ def test_an_app_whose_world_cannot_compile_plays_eagerly_and_says_so(monkeypatch
     err = capsys.readouterr().err
     assert "warning: the world plays eagerly" in err and "no C++ compiler found" in err
     assert dtypes == ["auto"] and "the world model runs in bfloat16 (--dtype auto)" in err  # the app's default
+
+
+class _BrokenWorld:
+    """A world whose first step fails (after its first frame was shown)."""
+
+    def interactive(self, **kwargs):
+        import numpy as np
+
+        class Session:
+            last_frame = np.zeros((64, 64, 3), dtype=np.uint8)
+
+            def step(self, action):
+                raise RuntimeError("boom")
+        return Session()
+
+
+def _within(seconds: float, talk) -> dict:
+    """``talk(out)`` in a thread that must end within ``seconds`` (a server that neither answers nor
+    closes would otherwise hang the suite); what it put in ``out``."""
+    import threading
+
+    out = {}
+    thread = threading.Thread(target=talk, args=(out,), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"the connection neither answered nor closed within {seconds} s"
+    return out
+
+
+def test_a_world_that_fails_closes_its_connection_with_the_reason_and_logs_it(caplog):
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    server = app.ArenaServer(_BrokenWorld())
+    application = FastAPI()
+    application.add_api_websocket_route("/arena/ws", server.play)
+
+    def talk(out):
+        with TestClient(application) as client, client.websocket_connect("/arena/ws") as ws:
+            out["first"] = ws.receive_bytes()
+            try:
+                ws.receive_bytes()
+            except WebSocketDisconnect as closed:
+                out["code"], out["reason"] = closed.code, closed.reason
+    out = _within(30, talk)
+    assert len(out["first"]) == 64 * 64 * 4  # the first frame, then the close
+    assert out["code"] == 1011 and out["reason"] == app.WORLD_FAILED
+    assert "failed to step" in caplog.text and "boom" in caplog.text
+    assert server.active == 0
+
+
+def test_messages_that_are_not_actions_leave_the_world_running(world):
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    server = app.ArenaServer(world, fps=200)
+    application = FastAPI()
+    application.add_api_websocket_route("/arena/ws", server.play)
+
+    def talk(out):
+        with TestClient(application) as client, client.websocket_connect("/arena/ws") as ws:
+            for bad in (b"\x00", "not json", "[1, 2]", json.dumps({"action": 3})):
+                ws.send_bytes(bad) if isinstance(bad, bytes) else ws.send_text(bad)
+            ws.send_text(json.dumps({"action": "left"}))
+            out["frames"] = _receive(ws, 12)[0]
+    assert len(_within(60, talk)["frames"]) == 12

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -35,6 +36,8 @@ from ..assets import ARENA_NFD
 from ..core.precision import dtype_name
 from .loading import load_pipeline, world_model
 from .serve import UVICORN_OPTIONS
+
+logger = logging.getLogger(__name__)
 
 WORLD_DIR = ARENA_NFD
 
@@ -170,7 +173,9 @@ class ArenaServer:
 
     Protocol: the client sends JSON text messages ``{"action": "left"}`` (the action now held;
     ``"none"`` when released). The server sends each frame as binary RGBA bytes (64 * 64 * 4) and,
-    twice a second, a JSON text message with the session's statistics.
+    twice a second, a JSON text message with the session's statistics. Messages that are not an
+    action are ignored. If the world fails to step, the server logs why and closes the connection
+    with code 1011 and :data:`WORLD_FAILED` as its reason, which the page shows.
     """
 
     def __init__(self, pipe, fps: float = 30.0, speculate: int = 3, workers: int | None = None, guard: bool = True):
@@ -191,8 +196,11 @@ class ArenaServer:
 
         async def receive():
             while True:
-                message = json.loads(await websocket.receive_text())
-                if message.get("action") in self.actions:
+                try:
+                    message = json.loads(await websocket.receive_text())
+                except (json.JSONDecodeError, KeyError):  # not JSON, or a binary message (no text)
+                    continue  # ignored, as an unknown action is: the world keeps going
+                if isinstance(message, dict) and message.get("action") in self.actions:
                     held["action"] = message["action"]
 
         receiver = asyncio.create_task(receive())
@@ -200,7 +208,12 @@ class ArenaServer:
             await websocket.send_bytes(_rgba(session.last_frame))
             next_tick, last_report = time.perf_counter(), 0.0
             while not receiver.done():
-                frame = await loop.run_in_executor(self.executor, session.step, held["action"])
+                try:
+                    frame = await loop.run_in_executor(self.executor, session.step, held["action"])
+                except Exception:  # the player is told and the server logs why, not a silent freeze
+                    logger.exception("a player's world failed to step; its connection is closed")
+                    await websocket.close(code=1011, reason=WORLD_FAILED)
+                    break
                 await websocket.send_bytes(_rgba(frame))
                 now = time.perf_counter()
                 if now - last_report > 0.5:
@@ -219,6 +232,9 @@ class ArenaServer:
             receiver.cancel()
             self.active -= 1
             del session  # the world (its cache and buffers) goes with the connection
+
+
+WORLD_FAILED = "the world model failed (the server's log says why)"  # the close reason a page shows
 
 
 def _rgba(frame: np.ndarray) -> bytes:
@@ -275,7 +291,7 @@ ARENA_JS = """
         $("arena-worlds").textContent = s.worlds;
       } else draw(e.data);
     };
-    ws.onclose = () => { ws = null; $("arena-status").textContent = "Stopped."; };
+    ws.onclose = (e) => { ws = null; $("arena-status").textContent = e.reason ? "Stopped: " + e.reason : "Stopped."; };
     $("arena-canvas").focus();
   }
   function stop() { if (ws) ws.close(); }
