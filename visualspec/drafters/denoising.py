@@ -10,7 +10,7 @@ from ..core.checks import check_positive_int
 from ..core.engine import Drafter
 from ..core.rows import per_row
 from ..core.sampling import normal
-from .jacobi import carried_at, carry_after
+from .jacobi import JacobiCarry, carried_at, carry_after
 
 BAND = 2.0  # positions a noise level spans past the clean ones (docs/experiments/2026-12-07-sjd2-shapes.md)
 
@@ -25,7 +25,7 @@ def offset_levels(k: int, steps: int, band: float = BAND, device=None) -> torch.
     return torch.ceil((j + 1 - clean) / band).clamp(0, steps).long()
 
 
-class DenoisingJacobiDrafter(Drafter):
+class DenoisingJacobiDrafter(JacobiCarry, Drafter):
     """SJD2's drafts, for a target fine-tuned to predict the next clean token from noised inputs
     (``visualspec train-denoising``; its config's ``denoising_steps`` S).
 
@@ -100,11 +100,3 @@ class DenoisingJacobiDrafter(Drafter):
         committed = per_row(committed, B, target_probs.device)
         self.carry = carry_after(self.sampling.draw(target_probs, generator), target_probs, committed, K1)
         self.tail = None
-
-    def select(self, rows):
-        if self.carry is not None:
-            self.carry = tuple(x[rows] for x in self.carry)
-
-    def reset(self, rows, requests):
-        if self.carry is not None:
-            self.carry[2][rows] = 0

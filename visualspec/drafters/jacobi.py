@@ -175,7 +175,20 @@ def coupled_redraft(drafts: torch.Tensor, draft_probs: torch.Tensor | None, targ
     return torch.where(keep, drafts, sample(residual(target_probs, q), generator))
 
 
-class JacobiDrafter(Drafter):
+class JacobiCarry:
+    """The rows of a drafter whose state is a Jacobi carry, ``self.carry`` (:func:`carry_after`'s
+    tokens, laws and counts, or None before the first step): dropped and restarted with it."""
+
+    def select(self, rows):
+        if self.carry is not None:
+            self.carry = tuple(x[rows] for x in self.carry)
+
+    def reset(self, rows, requests):
+        if self.carry is not None:
+            self.carry[2][rows] = 0
+
+
+class JacobiDrafter(JacobiCarry, Drafter):
     """Jacobi self-drafting, as in Speculative Jacobi Decoding (Teng et al. 2024).
 
     Each step the target predicts every position of its window at once. After verification, the
@@ -240,14 +253,6 @@ class JacobiDrafter(Drafter):
         self.width = max(self.width, K1)
         self.carry = carry_after(new, target_probs, committed, self.width)
         self.proposed = None
-
-    def select(self, rows):
-        if self.carry is not None:
-            self.carry = tuple(x[rows] for x in self.carry)
-
-    def reset(self, rows, requests):
-        if self.carry is not None:
-            self.carry[2][rows] = 0
 
     def fused_step(self, sampling, rule, num_tokens, constraints=None):
         """The whole step, run inside the target's step (:class:`JacobiStep`; ``constraints``: the
