@@ -127,10 +127,10 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
         - ``drafts``: what drafts for ``"sjd"``, ``"lantern"``, ``"gsd"`` and ``"judge"``: ``"jacobi"`` (the
           default), ``"feature"`` (the feature drafter: LANTERN or GSD over learned drafts),
           ``"hybrid"`` (the feature drafter's first ``feature_depth`` drafts of each window, Jacobi's
-          past them), ``"draft_model"`` or ``"denoising"`` (SJD2: Jacobi drafts that enter as noise
-          and come clean over the transformer's ``denoising_steps`` forwards; for a transformer
+          past them), ``"draft_model"`` or ``"denoising"`` (SJD2: Jacobi drafts in the near half of
+          each window, the far half fed as noised embeddings, unverified; for a transformer
           fine-tuned by ``visualspec train-denoising``, eager, in a fixed window: ``"auto"`` is
-          16); the rule stays the decoding's.
+          32); the rule stays the decoding's.
         - ``feature_depth``: for ``drafts="hybrid"``, how many positions after the committed tokens
           the feature drafter drafts (>= 1). Default from the folder.
         - ``guidance_scale``, ``top_k``, ``epsilon_cutoff``, ``lantern_k``, ``lantern_delta`` and

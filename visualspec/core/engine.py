@@ -71,7 +71,7 @@ class Drafter:
                 generator: Generator = None) -> None:
         """The target verified the last proposal at positions n.. and row b committed
         ``committed[b]`` tokens (positions n[b]..n[b]+committed[b]-1); ``target_probs`` (B, k+1, V)
-        are its distributions at positions n..n+k."""
+        are its distributions at positions n..n+k (and past them, a noised tail's: ``noised_tail``)."""
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows ``rows`` (in that order) and drop the others."""
@@ -107,6 +107,18 @@ class Drafter:
     #: whose window grew, whose new positions had nothing carried yet; drafts made afresh each step
     #: (a draft model's, n-gram's, STAND's, a feature drafter's) are counted from the first step.
     carries_drafts = False
+
+    #: A drafter that feeds the target unverified noised inputs after its drafts (SJD2's tail) sets
+    #: this and offers :meth:`window_tail`. The engine appends them to the window with ``noise=`` (a
+    #: target with ``takes_noise``), never shows them to the rule, hands ``observe`` the target's
+    #: distributions at their positions after the drafts' and crops their keys and values with the
+    #: step. Such steps run eagerly, in a fixed window.
+    noised_tail = False
+
+    def window_tail(self):
+        """Where ``noised_tail``: what the engine feeds after the latest proposal's drafts,
+        ``(tokens (B, t), noise levels (B, t) in [0, 1], eps (B, t, D) standard normal)``."""
+        raise NotImplementedError(f"{type(self).__name__} has no noised tail")
 
     #: A drafter whose drafts cost time of their own (a draft model's forwards, a feature drafter's
     #: steps) sets this and offers :meth:`draft_timer`, so that a window policy prices a step with
