@@ -382,3 +382,22 @@ def test_dense_gives_row_major_strides_even_where_every_dimension_but_one_is_siz
     assert dense(plain).data_ptr() == plain.data_ptr()  # row-major already: a view, no copy
     first, again = dense_args([plain, plain])
     assert first is plain and again is not plain and torch.equal(again, plain)
+
+
+def test_a_guard_failure_that_does_not_repeat_is_tried_again_with_every_guard():
+    """torch's stance is process-wide: another thread's call can fail a compiled call's guards once.
+    The call is tried again with every guard evaluated; a failure that repeats still names the bucket."""
+    compiler = StepCompiler(lambda x: x * 2, "the toy step", describe=lambda key: f"bucket {key}")
+    compiler("four", torch.arange(4.0))
+    run, calls = compiler._run, []
+
+    def flaky(*args):
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise RuntimeError("Detected recompile when torch.compile stance is 'fail_on_recompile'")
+        return run(*args)
+    compiler._run = flaky
+    torch.testing.assert_close(compiler("four", torch.arange(4.0)), torch.arange(4.0) * 2)
+    assert calls == [0, 1]
+    with pytest.raises(RuntimeError, match="wanted to recompile the already compiled bucket bucket four"):
+        compiler("four", torch.arange(6.0))  # a real change fails both tries

@@ -251,19 +251,26 @@ class StepCompiler:
         if key not in self.compile_s and not compile_new:
             return self.fn(*args)
         if key in self.compile_s:
-            try:
-                with torch.compiler.set_stance("fail_on_recompile",
-                                               skip_guard_eval_unsafe=skips_guards(key, self.checked, self.mode)):
-                    out = self._run(*args)
-                if self.checked is not None:
-                    self.checked.add(key)
-                return out
-            except RuntimeError as e:
-                if "recompil" not in str(e).lower():
-                    raise
-                raise RuntimeError(f"{self.name}: torch wanted to recompile the already compiled bucket "
-                                   f"{self.describe(key)}; something about its inputs changed (dtype, device, "
-                                   f"or a tensor's layout). Call again with compile=False.") from e
+            # a second try with every guard evaluated: torch's stance is process-wide, and a call in
+            # another thread that enters or leaves its own stance meanwhile can fail this call's
+            # guards once ("runtime guards failed even though they passed": three players' worlds in
+            # two threads, docs/experiments/2026-12-07-browser-fps-repeat.md); inputs that really
+            # changed fail again
+            for retry in (False, True):
+                try:
+                    skip = not retry and skips_guards(key, self.checked, self.mode)
+                    with torch.compiler.set_stance("fail_on_recompile", skip_guard_eval_unsafe=skip):
+                        out = self._run(*args)
+                    if self.checked is not None:
+                        self.checked.add(key)
+                    return out
+                except RuntimeError as e:
+                    if "recompil" not in str(e).lower():
+                        raise
+                    if retry:
+                        raise RuntimeError(f"{self.name}: torch wanted to recompile the already compiled bucket "
+                                           f"{self.describe(key)}; something about its inputs changed (dtype, "
+                                           f"device, or a tensor's layout). Call again with compile=False.") from e
         if key in self.eager or len(self.compile_s) >= self.max_graphs:
             if not self.eager:
                 warnings.warn(f"{self.name}: {len(self.compile_s)} shape buckets are compiled already; new ones "
