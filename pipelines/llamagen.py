@@ -290,8 +290,6 @@ class LlamaGenPipeline(PromptConditioning, TokenImagePipeline):
                 raise ValueError("drafts='denoising' feeds a noised tail, not trees: use siblings=1")
             if compile is True:
                 raise ValueError("drafts='denoising' runs its noised step eagerly: use compile=False or 'auto'")
-            if hasattr(window, "search"):
-                raise ValueError("drafts='denoising' takes a fixed window (an integer or 'auto'), not a WindowPolicy")
         if feature_depth is not None:
             if drafts != "hybrid":
                 raise ValueError(f"feature_depth is for drafts='hybrid', not {drafts!r}")

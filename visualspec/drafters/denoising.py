@@ -75,15 +75,12 @@ class DenoisingJacobiDrafter(JacobiCarry, Drafter):
 
     def propose(self, tokens, n, k, generator=None):
         B, device = tokens.shape[0], tokens.device
-        levels = offset_levels(k, self.steps, self.band, device).expand(B, k)
         if self.carry is None:  # nothing predicted yet: the whole window is noise
-            carried, laws = tokens.new_zeros(B, k), None
-            levels = torch.full((B, k), self.steps, dtype=torch.long, device=device)
-            m = 0
+            has, carried, laws = torch.zeros(B, k, dtype=torch.bool, device=device), tokens.new_zeros(B, k), None
         else:
             has, carried, laws = carried_at(self.carry, k)
-            levels = torch.where(has, levels, self.steps)
-            m = int((levels == 0).long().cumprod(1).sum(1).min())  # the clean positions every row has
+        levels = torch.where(has, offset_levels(k, self.steps, self.band, device), self.steps)
+        m = int((levels == 0).long().cumprod(1).sum(1).min())  # the clean positions every row has
         q = None if self.sampling.greedy or m == 0 else laws[:, :m].contiguous()
         self.tail = (carried[:, m:], levels[:, m:].float() / self.steps,
                      normal((B, k - m, self.dim), generator, device=device))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ...core.checks import check_positive_int
 from ...core.home import home
 
 
@@ -80,27 +81,16 @@ def register(sub, common) -> None:
     t.add_argument("--hidden", type=int, help="hidden width of the head (0: logistic regression, the shipped recipe)")
     t.set_defaults(func=checked(train_judge))
 
-    t = sub.add_parser("train-any-order", parents=[common],
-                       help="teach a shapes-world LlamaGen pipeline's GPT every generation order (an any-order "
-                            "model for ASSD, infilling and parallel decoding; #52)")
-    t.add_argument("--model", default=None, help="the raster pipeline folder it starts from (default: the shipped "
-                                                 "assets/shapes-t2i)")
-    t.add_argument("--out", required=True, help="pipeline folder to write (e.g. assets/shapes-any-order)")
-    t.add_argument("--work-dir", default=str(home() / "train-any-order"), help="checkpoints; rerun to resume")
-    t.add_argument("--steps", type=int, help="optimisation steps (the shipped recipe: see its card)")
-    t.set_defaults(func=checked(train_any_order))
-
-    t = sub.add_parser("train-denoising", parents=[common],
-                       help="fine-tune a shapes-world LlamaGen pipeline's GPT for next-clean-token prediction from "
-                            "noisy inputs, for SJD2's drafts (drafts='denoising'; #50)")
-    t.add_argument("--model", default=None, help="the pipeline folder it starts from (default: the shipped "
-                                                 "assets/shapes-t2i)")
-    t.add_argument("--out", required=True, help="pipeline folder to write")
-    t.add_argument("--work-dir", default=str(home() / "train-denoising"), help="checkpoints; rerun to resume")
-    t.add_argument("--steps", type=int, help="optimisation steps (the study's recipe: 800)")
+    t = _shapes_fine_tune(sub, common, "train-any-order", train_any_order,
+                          "teach a shapes-world LlamaGen pipeline's GPT every generation order (an any-order model "
+                          "for ASSD, infilling and parallel decoding; #52)",
+                          "pipeline folder to write (e.g. assets/shapes-any-order)", "the shipped recipe: see its card")
+    t = _shapes_fine_tune(sub, common, "train-denoising", train_denoising,
+                          "fine-tune a shapes-world LlamaGen pipeline's GPT for next-clean-token prediction from noisy "
+                          "inputs, for SJD2's drafts (drafts='denoising'; #50)",
+                          "pipeline folder to write", "the study's recipe: 800")
     t.add_argument("--denoising-steps", type=int, help="noise levels a drafted position falls through, from pure "
                                                        "noise to clean (the study's recipe: 4)")
-    t.set_defaults(func=checked(train_denoising))
 
     for name, func, what, out, seeded in (
             ("train-continuous", train_continuous, "train a continuous-token target and draft on the shapes world "
@@ -121,6 +111,19 @@ def register(sub, common) -> None:
                             help="start from this pipeline folder's trained models and run only the last stage "
                                  "(self forcing)")
         tr.set_defaults(func=checked(func))
+
+
+def _shapes_fine_tune(sub, common, name: str, func, what: str, out: str, steps: str):
+    """The parser of a command that fine-tunes a shapes-world pipeline's GPT (``--model``, from the
+    shipped one by default; ``--out``, ``--work-dir``, ``--steps``), running ``func``."""
+    t = sub.add_parser(name, parents=[common], help=what)
+    t.add_argument("--model", default=None, help="the raster pipeline folder it starts from (default: the shipped "
+                                                 "assets/shapes-t2i)")
+    t.add_argument("--out", required=True, help=out)
+    t.add_argument("--work-dir", default=str(home() / name), help="checkpoints; rerun to resume")
+    t.add_argument("--steps", type=int, help=f"optimisation steps ({steps})")
+    t.set_defaults(func=checked(func))
+    return t
 
 
 def checked(train):
@@ -281,10 +284,8 @@ def train_any_order(args) -> int:
 def train_denoising(args) -> int:
     from ...training.denoising import DenoisingConfig, train_denoising_target
 
-    overrides = {k: v for k, v in (("steps", args.steps), ("denoising_steps", args.denoising_steps)) if v is not None}
-    for name, value in overrides.items():
-        if value < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    overrides = {k: check_positive_int(f"--{k.replace('_', '-')}", v)
+                 for k, v in (("steps", args.steps), ("denoising_steps", args.denoising_steps)) if v is not None}
     train_denoising_target(args.model, args.out, args.work_dir, DenoisingConfig(**overrides))
     print(args.out)
     return 0
